@@ -1,0 +1,362 @@
+"""The decoding loop: prefill, then draft -> shape -> verify -> commit until done.
+
+This is the only place that sequences the components. It calls them directly; the only hook
+calls inside the loop are the per-step observers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from goose.errors import DraftSourceError, GooseError, InvalidInputError, PluginError
+from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TreePolicy, Verified, Verifier
+from goose.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What one ``generate`` call achieved."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    forward_passes: int  # target forwards, prefill included
+    steps: int  # verification cycles after the prefill
+    per_source: dict  # {origin: {"drafted": int, "accepted": int}}
+    routes: dict  # {route: cycles}
+    accept_lengths: tuple[int, ...]  # accepted draft tokens per cycle
+    time_s: dict  # {"draft": s, "verify": s, "observe": s, "total": s}
+    stopped_by: str  # "eos", "stop_token", "max_new_tokens" or "none"
+    extra: dict = field(default_factory=dict)  # sources' and policy's own stats
+
+    @property
+    def tau(self) -> float:
+        """Generated tokens per target forward pass, prefill included."""
+        return self.generated_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Mean accepted draft tokens + 1 (the bonus) per verification cycle."""
+        a = self.accept_lengths
+        return (sum(a) / len(a) + 1.0) if a else 0.0
+
+    def acceptance(self, origin: str) -> float:
+        d = self.per_source.get(origin, {})
+        return d.get("accepted", 0) / d["drafted"] if d.get("drafted") else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "forward_passes": self.forward_passes,
+            "tau": self.tau,
+            "steps": self.steps,
+            "mean_accept_length": self.mean_accept_length,
+            "per_source": self.per_source,
+            "routes": self.routes,
+            "time_s": self.time_s,
+            "stopped_by": self.stopped_by,
+            "extra": self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    token_ids: list[int]  # the new tokens only
+    text: str
+    stats: Stats
+    prompt_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One verification cycle, handed to ``goose_on_step`` observers."""
+
+    step: int
+    tree: DraftTree
+    verified: Verified
+    committed: tuple[int, ...]  # tokens committed this cycle (accepted + bonus, after cuts)
+    draft_s: float
+    verify_s: float
+
+
+class Decoder:
+    """A composed speculative decoder. Build it with :func:`goose.compose`."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        sources: Sequence[DraftSource],
+        policy: TreePolicy,
+        verifier: Verifier,
+        budget: int,
+        stop_token_ids: Iterable[int] = (),
+        eos_token_ids: Iterable[int] = (),
+        hook=None,
+        description: str = "",
+    ):
+        self.model, self.tokenizer = model, tokenizer
+        self.sources, self.policy, self.verifier = tuple(sources), policy, verifier
+        self.budget = budget
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids) | self.eos_token_ids
+        self.hook = hook
+        self.description = description
+        self.vocab_size = verifier.vocab_size
+        self.max_positions = getattr(verifier, "max_positions", None)
+
+    def __repr__(self) -> str:
+        return f"<goose.Decoder {self.description}>"
+
+    # ---------------------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt) -> torch.Tensor:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidInputError(
+                    "prompt is a str but this decoder has no tokenizer; pass a tokenizer to compose() "
+                    "or give the prompt as a 1-D LongTensor of token ids"
+                )
+            ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        elif isinstance(prompt, torch.Tensor):
+            ids = prompt
+        elif isinstance(prompt, (list, tuple)):
+            try:
+                ids = torch.tensor(prompt, dtype=torch.long)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(f"prompt list must hold token ids (ints), got {prompt[:5]!r}...") from exc
+        else:
+            raise InvalidInputError(
+                f"prompt must be a str or a 1-D LongTensor of token ids, got {type(prompt).__name__}"
+            )
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise InvalidInputError(
+                    f"batch size {ids.shape[0]} is not supported: Goose decodes one sequence at a time "
+                    f"(got input of shape {tuple(ids.shape)}). Hint: call generate() once per prompt."
+                )
+            ids = ids[0]
+        if ids.dim() != 1:
+            raise InvalidInputError(f"prompt ids must be 1-D (or [1, n]), got shape {tuple(ids.shape)}")
+        if ids.dtype not in (torch.long, torch.int, torch.int32, torch.int16, torch.uint8):
+            raise InvalidInputError(f"prompt ids must be integers, got dtype {ids.dtype}")
+        ids = ids.to(torch.long).cpu()
+        if ids.numel() == 0:
+            raise InvalidInputError(
+                "empty prompt: at least one token is needed to start decoding. Hint: a chat model "
+                "can start from its chat template (goose generate --chat)."
+            )
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise InvalidInputError(
+                f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size}). "
+                "Hint: was the prompt encoded with this model's tokenizer?"
+            )
+        if self.max_positions is not None and ids.numel() >= self.max_positions:
+            raise InvalidInputError(
+                f"prompt of {ids.numel()} tokens does not fit the model's context of "
+                f"{self.max_positions} positions (at least one must remain to generate). "
+                "Hint: shorten the prompt."
+            )
+        return ids
+
+    # ---------------------------------------------------------------------------------------------
+    def generate(self, prompt, max_new_tokens: int = 128, stop_token_ids: Iterable[int] | None = None):
+        """Decode greedily (speculatively), return a :class:`GenerationOutput`.
+
+        Output is identical to greedy decoding. Stops after ``max_new_tokens`` or when a stop token
+        (the model's eos ids, the decoder's and these ``stop_token_ids``) is committed; the stop
+        token is included in the output, as in transformers' ``generate``.
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InvalidInputError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        ids = self._prompt_ids(prompt)
+        prompt_len = ids.numel()
+        stops = set(self.stop_token_ids)
+        if stop_token_ids is not None:
+            stops.update(int(t) for t in stop_token_ids)
+        if self.max_positions is not None and prompt_len + max_new_tokens > self.max_positions:
+            raise InvalidInputError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                f"context of {self.max_positions} positions. Hint: max_new_tokens <= "
+                f"{self.max_positions - prompt_len}."
+            )
+        prompt_ids = tuple(ids.tolist())
+        t_start = time.perf_counter()
+        if max_new_tokens == 0:
+            stats = Stats(prompt_len, 0, 0, 0, {}, {}, (), {"total": 0.0}, "max_new_tokens")
+            return GenerationOutput([], "", stats, prompt_ids)
+        self.verifier.check_request(prompt_len, max_new_tokens, self.budget)
+
+        request = Request(prompt_ids, self.vocab_size, max_new_tokens, self.budget)
+        for s in self.sources:
+            s.begin(request)
+        self.policy.begin(request)
+        if self.hook is not None:
+            self.hook.goose_on_generation_start(decoder=self, request=request)
+
+        drafted: Counter = Counter()
+        accepted: Counter = Counter()
+        routes: Counter = Counter()
+        accept_lengths: list[int] = []
+        t_draft = t_verify = t_observe = 0.0
+        hook_step = self.hook.goose_on_step if self.hook is not None else None
+
+        try:
+            v = self.verifier.prefill(ids)
+            forwards = 1
+            t0 = time.perf_counter()
+            self._observe(v)
+            t_observe += time.perf_counter() - t0
+            seq = list(prompt_ids)
+            new: list[int] = []
+            stopped_by = "none"
+            committed: tuple[int, ...] = (v.bonus,)
+            step = 0
+            while True:
+                # -- commit (cut at the first stop token and at max_new_tokens) -----------------
+                for i, t in enumerate(committed):
+                    if t in stops:
+                        committed = committed[: i + 1]
+                        break
+                committed = committed[: max_new_tokens - len(new)]
+                new.extend(committed)
+                seq.extend(committed)
+                if committed and committed[-1] in stops:
+                    stopped_by = "eos" if committed[-1] in self.eos_token_ids else "stop_token"
+                    break
+                if len(new) >= max_new_tokens:
+                    stopped_by = "max_new_tokens"
+                    break
+                # -- draft and shape -----------------------------------------------------------
+                remaining = max_new_tokens - len(new)
+                max_depth = remaining - 1
+                if self.max_positions is not None:
+                    max_depth = min(max_depth, self.max_positions - len(seq))
+                t0 = time.perf_counter()
+                anchor = seq[-1]
+                tree = None
+                if max_depth > 0:
+                    state = DraftState(
+                        seq, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, step
+                    )
+                    tree = self._shape(DraftContext(state, self.sources), anchor, max_depth)
+                if tree is None:
+                    tree = DraftTree.single(anchor)
+                t1 = time.perf_counter()
+                # -- verify ----------------------------------------------------------------------
+                v = self.verifier.verify(tree)
+                t2 = time.perf_counter()
+                forwards += 1
+                self._observe(v)
+                t3 = time.perf_counter()
+                t_draft += t1 - t0
+                t_verify += t2 - t1
+                t_observe += t3 - t2
+                origins = tree.origins
+                for i in range(1, tree.num_nodes):
+                    drafted[origins[i]] += 1
+                for i in v.path[1:]:
+                    accepted[origins[i]] += 1
+                routes[tree.route] += 1
+                accept_lengths.append(len(v.path) - 1)
+                committed = (*v.accepted, v.bonus)
+                if hook_step is not None:
+                    hook_step(
+                        decoder=self,
+                        step=StepRecord(step, tree, v, committed, t1 - t0, t2 - t1),
+                    )
+                step += 1
+        finally:
+            self.verifier.end()
+
+        per_source = {o: {"drafted": drafted[o], "accepted": accepted[o]} for o in sorted(drafted)}
+        extra = {}
+        for s in self.sources:
+            if s.stats():
+                extra[s.name] = s.stats()
+        if self.policy.stats():
+            extra["policy"] = self.policy.stats()
+        stats = Stats(
+            prompt_len,
+            len(new),
+            forwards,
+            step,
+            per_source,
+            dict(routes),
+            tuple(accept_lengths),
+            {"draft": t_draft, "verify": t_verify, "observe": t_observe, "total": time.perf_counter() - t_start},
+            stopped_by,
+            extra,
+        )
+        text = self.tokenizer.decode(new, skip_special_tokens=True) if self.tokenizer is not None else ""
+        out = GenerationOutput(new, text, stats, prompt_ids)
+        if self.hook is not None:
+            self.hook.goose_on_generation_end(decoder=self, output=out)
+        return out
+
+    # ---------------------------------------------------------------------------------------------
+    def _shape(self, ctx: DraftContext, anchor: int, max_depth: int) -> DraftTree | None:
+        try:
+            tree = self.policy.shape(ctx)
+        except GooseError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise PluginError(
+                f"Tree policy {self.policy.name!r} raised in shape(): {type(exc).__name__}: {exc}"
+            ) from exc
+        if tree is None or tree.num_nodes < 2:
+            return None
+        if not isinstance(tree, DraftTree):
+            raise PluginError(
+                f"Tree policy {self.policy.name!r} returned {type(tree).__name__}; shape() must return "
+                "a goose.DraftTree or None"
+            )
+        if tree.tokens[0] != anchor:
+            raise PluginError(
+                f"Tree policy {self.policy.name!r} returned a tree rooted at token {tree.tokens[0]}, but "
+                f"the anchor is {anchor}; node 0 must be the anchor (ctx.state.anchor)"
+            )
+        if tree.num_nodes > self.budget:
+            raise PluginError(
+                f"Tree policy {self.policy.name!r} returned {tree.num_nodes} nodes, over the budget of "
+                f"{self.budget} (root included)"
+            )
+        vocab = self.vocab_size
+        for i, t in enumerate(tree.tokens):
+            if t >= vocab:
+                raise DraftSourceError(
+                    tree.origins[i],
+                    f"proposed token id {t} (tree node {i}), outside the vocabulary [0, {vocab}). "
+                    "Hint: draft with ids from this model's tokenizer.",
+                )
+        if max(tree.depths) > max_depth:
+            tree = prune(tree, max_depth)
+        return tree
+
+    def _observe(self, v: Verified) -> None:
+        for s in self.sources:
+            try:
+                s.observe(v)
+            except Exception as exc:  # noqa: BLE001
+                raise DraftSourceError(s.name, f"observe() raised {type(exc).__name__}: {exc}") from exc
+        self.policy.observe(v)
+
+
+def prune(tree: DraftTree, max_depth: int) -> DraftTree:
+    """Drop nodes deeper than ``max_depth`` (their subtrees go with them)."""
+    keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]
+    remap = {old: new for new, old in enumerate(keep)}
+    return DraftTree(
+        tuple(tree.tokens[i] for i in keep),
+        tuple(-1 if i == 0 else remap[tree.parents[i]] for i in keep),
+        tuple(tree.origins[i] for i in keep),
+        None if tree.scores is None else tuple(tree.scores[i] for i in keep),
+        tree.route,
+        dict(tree.meta),
+    )

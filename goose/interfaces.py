@@ -1,0 +1,292 @@
+"""The three extension points: :class:`DraftSource`, :class:`TreePolicy`, :class:`Verifier`.
+
+Everything that crosses one of these interfaces is a frozen dataclass. Components are built once
+by :func:`goose.compose`; the decoding loop then calls their methods directly (no hook calls per
+node). Options are pydantic models with ``extra="forbid"``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from goose.errors import DraftSourceError
+from goose.tree import ROOT, DraftTree
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+
+class Options(BaseModel):
+    """Base class of every component's options: unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Records that cross the interfaces
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """What a component learns when a generation starts (``begin``)."""
+
+    prompt_ids: tuple[int, ...]  # [prompt_len]
+    vocab_size: int
+    max_new_tokens: int
+    budget: int  # node budget of one tree, root included
+
+
+@dataclass(frozen=True)
+class DraftState:
+    """The decoding state a source drafts from. ``tokens`` is the loop's own list: read it, never mutate it."""
+
+    tokens: Sequence[int]  # [prompt_len + committed]; tokens[-1] is the anchor
+    prompt_len: int
+    anchor: int
+    prev_anchor: int | None
+    budget: int  # node budget for this step, root included
+    max_depth: int  # deepest node depth worth drafting this step (remaining tokens)
+    step: int  # index of the verification cycle, 0-based
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What one draft source proposes: nodes hanging under the root (the root itself excluded).
+
+    ``parents[i] == -1`` attaches node i to the root, otherwise ``0 <= parents[i] < i`` names an
+    earlier node of this proposal. A chain has ``parents == (-1, 0, 1, ...)``.
+    """
+
+    source: str
+    tokens: tuple[int, ...]  # [num_drafted]
+    parents: tuple[int, ...]  # [num_drafted]
+    scores: tuple[float, ...] | None = None  # [num_drafted]
+    confidence: float = 0.0  # the source's confidence in the whole proposal, in [0, 1]
+    origins: tuple[str, ...] | None = None  # [num_drafted] per-node label; default: source
+    info: Mapping = field(default_factory=dict, compare=False, hash=False)
+
+    @classmethod
+    def chain(cls, source: str, tokens: Sequence[int], confidence: float = 0.0, **info) -> Proposal:
+        toks = tuple(int(t) for t in tokens)
+        return cls(source, toks, tuple(range(-1, len(toks) - 1)), None, float(confidence), None, info)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def as_tree(self, root: int, route: str | None = None) -> DraftTree:
+        origins = self.origins or (self.source,) * len(self.tokens)
+        return DraftTree.build(
+            (root, *self.tokens),
+            (-1, *(p + 1 for p in self.parents)),
+            (ROOT, *origins),
+            None if self.scores is None else (1.0, *self.scores),
+            route or ("chain" if self.is_chain else "tree"),
+        )
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One target forward pass and its outcome: what sources and policies learn from.
+
+    For the prefill, ``tokens`` are the prompt and ``predecessors[t] = prompt[t-1]``. For a tree
+    pass, ``tokens`` are the tree's nodes and ``predecessors`` their parents' tokens (-1 for the
+    root).
+    """
+
+    kind: str  # "prefill" or "tree"
+    tokens: torch.Tensor  # [n] long: token at each verified position
+    predecessors: torch.Tensor  # [n] long: token before it, -1 when none
+    logits: torch.Tensor  # [n, vocab] target logits at each position (float)
+    argmax: tuple[int, ...]  # [n] target's greedy next token at each position
+    tree: DraftTree | None = None  # the verified tree (tree passes)
+    path: tuple[int, ...] = ()  # accepted node indices, root first (tree passes)
+    accepted: tuple[int, ...] = ()  # accepted draft tokens: root and bonus excluded
+    bonus: int | None = None  # the target's token after the last accepted node
+
+    @property
+    def accept_length(self) -> int:
+        return len(self.accepted)
+
+
+# ---------------------------------------------------------------------------------------------
+# Draft sources
+# ---------------------------------------------------------------------------------------------
+class DraftSource(ABC):
+    """A source of draft tokens. Subclass, set ``name`` and ``Options``, implement :meth:`propose`.
+
+    A source may also answer :meth:`successors` (likely next tokens after a given token), which
+    tree policies use to grow branches; set ``provides_successors = True`` when it does.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[Options]] = Options
+    provides_successors: ClassVar[bool] = False
+
+    def __init__(self, options: Options | None = None):
+        self.options = options if options is not None else self.Options()
+
+    def begin(self, request: Request) -> None:
+        """A generation starts; reset per-request state."""
+
+    @abstractmethod
+    def propose(self, state: DraftState) -> Proposal | None:
+        """Draft tokens to follow ``state.anchor``, or None when there is nothing to propose."""
+
+    def observe(self, verified: Verified) -> None:
+        """Learn from a verified forward pass (prefill or tree). Called after every pass."""
+
+    def successors(self, token: int, prev: int | None) -> tuple[Sequence[int], Sequence[float]]:
+        """Likely tokens after ``token`` (preceded by ``prev``), best first, with scores."""
+        return (), ()
+
+    def stats(self) -> dict:
+        """Extra per-generation statistics this source wants reported."""
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree policies
+# ---------------------------------------------------------------------------------------------
+class DraftContext:
+    """What a tree policy works from in one step: the state, the budget, and lazy proposals.
+
+    A source's :meth:`DraftSource.propose` runs only when a policy first asks for its proposal;
+    errors it raises come back as :class:`~goose.errors.DraftSourceError` naming the source.
+    """
+
+    __slots__ = ("state", "sources", "_proposals", "_succ")
+
+    def __init__(self, state: DraftState, sources: Sequence[DraftSource]):
+        self.state = state
+        self.sources = tuple(sources)
+        self._proposals: dict[str, Proposal | None] = {}
+        self._succ = tuple(s for s in self.sources if s.provides_successors)
+
+    @property
+    def budget(self) -> int:
+        return self.state.budget
+
+    def source(self, name: str) -> DraftSource | None:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        return None
+
+    def proposal(self, name: str) -> Proposal | None:
+        if name in self._proposals:
+            return self._proposals[name]
+        src = self.source(name)
+        result = None if src is None else _call_source(src, self.state)
+        self._proposals[name] = result
+        return result
+
+    def proposals(self) -> dict[str, Proposal]:
+        """Every source's proposal, in source order, Nones dropped."""
+        out = {}
+        for s in self.sources:
+            p = self.proposal(s.name)
+            if p is not None and len(p):
+                out[s.name] = p
+        return out
+
+    @property
+    def has_successors(self) -> bool:
+        return bool(self._succ)
+
+    def successors(self, token: int, prev: int | None) -> tuple[Sequence[int], Sequence[float], str]:
+        """Successors from the first successor-providing source that knows ``token``."""
+        for s in self._succ:
+            try:
+                ids, scores = s.successors(token, prev)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
+                raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
+            if len(ids):
+                return ids, scores, s.name
+        return (), (), ""
+
+
+def _call_source(src: DraftSource, state: DraftState) -> Proposal | None:
+    try:
+        prop = src.propose(state)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
+        raise DraftSourceError(src.name, f"propose() raised {type(exc).__name__}: {exc}") from exc
+    if prop is None:
+        return None
+    if not isinstance(prop, Proposal):
+        raise DraftSourceError(
+            src.name, f"propose() must return a goose.Proposal or None, got {type(prop).__name__}"
+        )
+    if len(prop.parents) != len(prop.tokens):
+        raise DraftSourceError(
+            src.name, f"proposal has {len(prop.tokens)} tokens but {len(prop.parents)} parents"
+        )
+    return prop
+
+
+class TreePolicy(ABC):
+    """Turns the sources' proposals and a node budget into one draft tree."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[Options]] = Options
+
+    def __init__(self, options: Options | None = None):
+        self.options = options if options is not None else self.Options()
+
+    def bind(self, sources: Sequence[DraftSource]) -> None:
+        """Called once by ``compose`` with the decoder's sources; raise GooseError if unusable."""
+
+    def begin(self, request: Request) -> None:
+        """A generation starts; reset per-request state."""
+
+    @abstractmethod
+    def shape(self, ctx: DraftContext) -> DraftTree | None:
+        """Return the tree to verify (root = ``ctx.state.anchor``), or None for an ordinary step."""
+
+    def observe(self, verified: Verified) -> None:
+        """Learn from a verified pass (e.g. update acceptance estimates)."""
+
+    def stats(self) -> dict:
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Verifiers
+# ---------------------------------------------------------------------------------------------
+class Verifier(ABC):
+    """Runs the target model: the prefill, then one forward per draft tree, and keeps its cache."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[Options]] = Options
+
+    def __init__(self, options: Options | None = None):
+        self.options = options if options is not None else self.Options()
+
+    def bind(self, model) -> None:
+        """Attach the target model; raise UnsupportedModelError if it cannot be served."""
+        self.model = model
+
+    def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
+        """Refuse a request this verifier cannot serve exactly (before any forward)."""
+
+    @abstractmethod
+    def prefill(self, prompt_ids: torch.Tensor) -> Verified:
+        """Run the prompt (``[prompt_len]`` long) through the model, fresh cache."""
+
+    @abstractmethod
+    def verify(self, tree: DraftTree) -> Verified:
+        """Verify ``tree`` (its root is the anchor), walk it greedily, commit the accepted path."""
+
+    def end(self) -> None:
+        """Release per-request state (the cache)."""
+
+
+Factory = Callable[..., object]

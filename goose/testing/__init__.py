@@ -1,0 +1,24 @@
+"""A test kit for Goose and for third-party components.
+
+- :class:`ToyCausalLM`: a causal LM with the Hugging Face forward contract whose logits are an exact
+  integer function of the (token, position) pairs each position may attend to. Any mask, position
+  or cache bug changes its output, and it has no floating-point ties.
+- :func:`reference_greedy`: greedy decoding of the toy computed from scratch (no cache, no mask):
+  the oracle the property tests compare against.
+- :class:`ArbitraryTreeSource`: a draft source that emits arbitrary trees drawn by Hypothesis,
+  mixing correct (oracle) tokens and wrong ones.
+- :class:`SourceLosslessnessKit`: subclass it in your plugin's tests to check that your draft
+  source keeps output identical to greedy decoding.
+"""
+
+from goose.testing.toy import ToyCausalLM, reference_greedy, reference_next
+from goose.testing.kit import ArbitraryTreeSource, SourceLosslessnessKit, trees
+
+__all__ = [
+    "ToyCausalLM",
+    "reference_greedy",
+    "reference_next",
+    "ArbitraryTreeSource",
+    "SourceLosslessnessKit",
+    "trees",
+]

@@ -1,0 +1,108 @@
+"""An exact toy causal LM with the Hugging Face forward contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+MOD = 1_000_003
+
+
+def _weight(pos: torch.Tensor) -> torch.Tensor:
+    return (pos * pos * 7 + pos * 3 + 1) % MOD
+
+
+def _target(h: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
+    return (h * 31 + pos * 17 + 5) % MOD % vocab
+
+
+class ToyCausalLM(nn.Module):
+    """Logits at a position are ``-((v - target) mod V)`` where
+
+    ``target = (31 h + 17 pos + 5) mod p mod V`` and ``h = sum over attended keys j of
+    (token_j + 1) * w(pos_j) mod p``: an integer function of exactly the (token, position) pairs
+    the position attends to, computed in int64 and emitted as exactly representable floats.
+
+    The key/value cache holds (token, position) per entry in a stock ``DynamicCache``.
+    """
+
+    def __init__(self, vocab_size: int = 16, max_positions: int = 4096, eos_token_id: int | None = None):
+        super().__init__()
+        from transformers import PretrainedConfig
+
+        self.config = PretrainedConfig(
+            vocab_size=vocab_size,
+            num_hidden_layers=1,
+            max_position_embeddings=max_positions,
+            eos_token_id=eos_token_id,
+        )
+        self.config._attn_implementation = "eager"
+        self.generation_config = SimpleNamespace(eos_token_id=eos_token_id)
+        self.dummy = nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.forward_calls = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kwargs):
+        self.forward_calls += 1
+        ids = input_ids[0].long()  # [n]
+        n = ids.shape[0]
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            pos = torch.arange(past, past + n)
+        else:
+            pos = position_ids[0].long()
+        kv = torch.stack([ids, pos], dim=-1).to(torch.float32).view(1, 1, n, 2)
+        if cache is not None:
+            keys, _ = cache.update(kv, kv, 0)
+        else:
+            keys = kv
+        ktok = keys[0, 0, :, 0].long()  # [L]
+        kpos = keys[0, 0, :, 1].long()  # [L]
+        L = ktok.shape[0]
+        if attention_mask is None or attention_mask.dim() == 2:
+            attend = torch.arange(L).view(1, L) <= (torch.arange(n) + (L - n)).view(n, 1)
+        else:
+            if attention_mask.shape[-1] != L or attention_mask.shape[-2] != n:
+                raise ValueError(f"mask shape {tuple(attention_mask.shape)} does not fit n={n}, kv={L}")
+            attend = attention_mask[0, 0] == 0  # additive mask: 0 = attend
+        contrib = ((ktok + 1) * _weight(kpos)) % MOD  # [L]
+        h = (attend.long() * contrib.view(1, L)).sum(-1) % MOD  # [n]
+        target = _target(h, pos, self.vocab_size)  # [n]
+        v = torch.arange(self.vocab_size).view(1, -1)
+        logits = -((v - target.view(-1, 1)) % self.vocab_size).to(torch.float32)
+        return SimpleNamespace(logits=logits.unsqueeze(0), cache=cache, past_key_values=cache)
+
+
+def reference_next(seq: Sequence[int], vocab_size: int) -> int:
+    """The toy's greedy next token after ``seq``, from scratch (positions 0..len-1, full causal)."""
+    h = 0
+    for j, t in enumerate(seq):
+        h = (h + (t + 1) * ((j * j * 7 + j * 3 + 1) % MOD)) % MOD
+    pos = len(seq) - 1
+    return (h * 31 + pos * 17 + 5) % MOD % vocab_size
+
+
+def reference_greedy(
+    prompt: Sequence[int], max_new_tokens: int, vocab_size: int, stop_ids: Sequence[int] = ()
+) -> list[int]:
+    """Plain greedy decoding of the toy, no cache, no mask: the losslessness oracle."""
+    seq, out = list(prompt), []
+    h = 0
+    for j, t in enumerate(seq):
+        h = (h + (t + 1) * ((j * j * 7 + j * 3 + 1) % MOD)) % MOD
+    while len(out) < max_new_tokens:
+        pos = len(seq) - 1
+        nxt = (h * 31 + pos * 17 + 5) % MOD % vocab_size
+        out.append(nxt)
+        seq.append(nxt)
+        j = len(seq) - 1
+        h = (h + (nxt + 1) * ((j * j * 7 + j * 3 + 1) % MOD)) % MOD
+        if nxt in stop_ids:
+            break
+    return out

@@ -1,0 +1,207 @@
+"""The draft tree as data, and the pure functions derived from it.
+
+A tree is a parent-index array: node 0 is the root (the anchor: the last committed token, whose
+key/value entries are not yet in the cache), ``parents[0] == -1`` and ``0 <= parents[i] < i``.
+Every node carries the token it proposes, an origin label (which source drafted it) and an
+optional score. Depths, the ancestor mask, position ids, the 4-D additive attention mask and the
+root-to-leaf paths are functions of the parents alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from goose.errors import InvalidTreeError
+
+ROOT = "root"
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A validated draft tree. Build one with :meth:`DraftTree.build` or :meth:`from_chain`."""
+
+    tokens: tuple[int, ...]  # [num_nodes] token id per node; tokens[0] is the anchor
+    parents: tuple[int, ...]  # [num_nodes] parent index; parents[0] == -1
+    origins: tuple[str, ...]  # [num_nodes] who drafted each node; origins[0] == "root"
+    scores: tuple[float, ...] | None = None  # [num_nodes] optional drafter scores
+    route: str = "tree"  # how the policy shaped it: "tree", "spine", "chain", "single", ...
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        validate(self.tokens, self.parents, self.origins, self.scores)
+
+    # ---- constructors -------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        origins: Sequence[str] | str,
+        scores: Sequence[float] | None = None,
+        route: str = "tree",
+        **meta,
+    ) -> DraftTree:
+        tokens = tuple(int(t) for t in tokens)
+        if isinstance(origins, str):
+            origins = (ROOT,) + (origins,) * (len(tokens) - 1)
+        return cls(
+            tokens,
+            tuple(int(p) for p in parents),
+            tuple(origins),
+            None if scores is None else tuple(float(s) for s in scores),
+            route,
+            meta,
+        )
+
+    @classmethod
+    def single(cls, root: int) -> DraftTree:
+        """The one-node tree: an ordinary decoding step."""
+        return cls((int(root),), (-1,), (ROOT,), None, "single", {})
+
+    @classmethod
+    def from_chain(cls, root: int, chain: Sequence[int], origin: str, route: str = "chain") -> DraftTree:
+        """A plain chain ``root -> chain[0] -> chain[1] -> ...``."""
+        n = len(chain)
+        return cls(
+            (int(root), *(int(t) for t in chain)),
+            tuple(range(-1, n)),
+            (ROOT,) + (origin,) * n,
+            None,
+            route if n else "single",
+            {},
+        )
+
+    @classmethod
+    def from_choices(cls, root: int, choices: Sequence[Sequence[int]], token_of, origin: str) -> DraftTree:
+        """Interop with Medusa-style "choices": each choice is a path of child ranks from the root.
+
+        ``token_of(path)`` returns the token of the node reached by ``path`` (a tuple of ranks).
+        Choices must list a node's prefix before the node itself.
+        """
+        index = {(): 0}
+        tokens, parents = [int(root)], [-1]
+        for choice in sorted((tuple(c) for c in choices), key=lambda c: (len(c), c)):
+            if choice[:-1] not in index:
+                raise InvalidTreeError(f"choice {choice} has no parent choice {choice[:-1]}; list every prefix")
+            index[choice] = len(tokens)
+            parents.append(index[choice[:-1]])
+            tokens.append(int(token_of(choice)))
+        return cls.build(tokens, parents, origin)
+
+    # ---- derived structure (pure functions of parents) ---------------------------------------
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        d = [0] * len(self.parents)
+        for i in range(1, len(self.parents)):
+            d[i] = d[self.parents[i]] + 1
+        return tuple(d)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        ch: list[list[int]] = [[] for _ in self.parents]
+        for i in range(1, len(self.parents)):
+            ch[self.parents[i]].append(i)
+        return tuple(tuple(c) for c in ch)
+
+    @cached_property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    @cached_property
+    def ancestor_mask(self) -> np.ndarray:
+        """``[n, n]`` bool: ``mask[i, j]`` is True when j is i or an ancestor of i."""
+        return ancestor_mask(self.parents)
+
+    def position_ids(self, past_len: int, device=None) -> torch.Tensor:
+        """``[1, n]`` position ids: ``past_len + depth``."""
+        return torch.tensor([[past_len + d for d in self.depths]], dtype=torch.long, device=device)
+
+    def attention_mask(self, past_len: int, dtype=torch.float32, device=None) -> torch.Tensor:
+        """``[1, 1, n, past_len + n]`` additive mask: 0 where a node may attend, dtype-min elsewhere."""
+        return additive_mask(self.ancestor_mask, past_len, dtype, device)
+
+    @cached_property
+    def paths(self) -> tuple[tuple[int, ...], ...]:
+        """Root-to-leaf node-index paths, in node order of the leaves."""
+        out = []
+        for leaf, ch in enumerate(self.children):
+            if ch:
+                continue
+            path = [leaf]
+            while path[-1] != 0:
+                path.append(self.parents[path[-1]])
+            out.append(tuple(reversed(path)))
+        return tuple(out)
+
+    def path_tokens(self, path: Sequence[int]) -> tuple[int, ...]:
+        return tuple(self.tokens[i] for i in path)
+
+
+def validate(tokens, parents, origins, scores=None) -> None:
+    """Reject a malformed tree, naming the node index and the offending value."""
+    n = len(tokens)
+    if n == 0:
+        raise InvalidTreeError("a draft tree needs at least the root node (got 0 nodes)")
+    if len(parents) != n:
+        raise InvalidTreeError(f"parents has {len(parents)} entries but tokens has {n}; they must match")
+    if len(origins) != n:
+        raise InvalidTreeError(f"origins has {len(origins)} entries but tokens has {n}; they must match")
+    if scores is not None and len(scores) != n:
+        raise InvalidTreeError(f"scores has {len(scores)} entries but tokens has {n}; they must match")
+    if parents[0] != -1:
+        raise InvalidTreeError(f"node 0 is the root: parents[0] must be -1, got {parents[0]}")
+    seen: dict[tuple[int, int], int] = {}
+    for i in range(n):
+        t = tokens[i]
+        if not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t < 0:
+            raise InvalidTreeError(f"node {i}: token must be a non-negative int, got {t!r}")
+        if not isinstance(origins[i], str) or not origins[i]:
+            raise InvalidTreeError(f"node {i}: origin must be a non-empty str, got {origins[i]!r}")
+        if i == 0:
+            continue
+        p = parents[i]
+        if not isinstance(p, (int, np.integer)) or not (0 <= p < i):
+            raise InvalidTreeError(
+                f"node {i}: parent must satisfy 0 <= parent < {i} (parents come before children), got {p!r}"
+            )
+        key = (p, t)
+        if key in seen:
+            raise InvalidTreeError(
+                f"node {i}: token {t} repeats its sibling node {seen[key]} under parent {p}; "
+                "siblings must propose distinct tokens (deduplicate in the tree policy)"
+            )
+        seen[key] = i
+
+
+def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
+    n = len(parents)
+    m = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        p = parents[i]
+        if p >= 0:
+            m[i, : p + 1] = m[p, : p + 1]
+        m[i, i] = True
+    return m
+
+
+def additive_mask(anc: np.ndarray, past_len: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    n = anc.shape[0]
+    neg = torch.finfo(dtype).min
+    mask = torch.full((1, 1, n, past_len + n), neg, dtype=dtype, device=device)
+    if past_len:
+        mask[..., :past_len] = 0
+    tree_part = torch.from_numpy(anc).to(device)
+    mask[0, 0, :, past_len:].masked_fill_(tree_part, 0.0)
+    return mask

@@ -1,0 +1,1 @@
+"""Built-in draft sources. Each registers through ``goose_register_sources`` like any plugin."""

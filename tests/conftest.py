@@ -1,0 +1,23 @@
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("default", max_examples=60, deadline=None)
+settings.register_profile(
+    "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+torch.set_num_threads(int(os.environ.get("GOOSE_TEST_THREADS", "2")))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plugin_state():
+    """Every test sees the registry as installed, whatever earlier tests registered."""
+    import goose.manager
+
+    goose.manager.reset()
+    yield
+    goose.manager.reset()

@@ -1,0 +1,179 @@
+"""Greedy tree verification on a stock Hugging Face causal LM.
+
+One forward per tree: the flattened nodes go in as one sequence, with position ids
+``past_len + depth`` and a 4-D additive mask that lets each node see the cached prefix, its
+ancestors and itself. The walk follows the target's argmax from the root; the accepted nodes'
+key/value rows are gathered into contiguous slots and the rest is cropped, through the cache's
+public ``layers[i].keys/values`` tensors and ``crop``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from goose.errors import UnsupportedModelError
+from goose.hookspecs import hookimpl
+from goose.interfaces import Options, Verified, Verifier
+from goose.tree import DraftTree
+
+# Attention implementations that honour an arbitrary 4-D additive mask.
+MASK_HONOURING = ("eager", "sdpa")
+
+
+class TreeVerifierOptions(Options):
+    pass
+
+
+class GreedyTreeVerifier(Verifier):
+    """Verify a draft tree in one forward of the unmodified model; greedy walk; gather+crop commit."""
+
+    name = "greedy"
+    Options = TreeVerifierOptions
+
+    def bind(self, model) -> None:
+        self.model = model
+        cfg = getattr(model, "config", None)
+        if cfg is None:
+            raise UnsupportedModelError(
+                f"model {type(model).__name__} has no `.config`; Goose serves Hugging Face causal LMs "
+                "(a PreTrainedModel, or any module with the same forward contract and a config)."
+            )
+        impl = getattr(cfg, "_attn_implementation", None) or "eager"
+        if impl not in MASK_HONOURING:
+            raise UnsupportedModelError(
+                f"attention implementation {impl!r} ignores custom 4-D masks, so a draft tree cannot be "
+                f"verified exactly. Supported: {', '.join(MASK_HONOURING)}. Hint: load the model with "
+                "attn_implementation='sdpa' (or 'eager')."
+            )
+        text_cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        self.vocab_size = int(getattr(text_cfg, "vocab_size"))
+        self.max_positions = getattr(text_cfg, "max_position_embeddings", None)
+        layer_types = getattr(text_cfg, "layer_types", None) or ()
+        sliding = getattr(text_cfg, "sliding_window", None)
+        uses_window = any("sliding" in str(t) for t in layer_types) or (
+            sliding is not None and getattr(text_cfg, "use_sliding_window", bool(layer_types)) and not layer_types
+        )
+        self.sliding_window = int(sliding) if (uses_window and sliding) else None
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        try:
+            p = next(model.parameters())
+            self.device, self.dtype = p.device, p.dtype
+        except (StopIteration, AttributeError):
+            self.device, self.dtype = torch.device("cpu"), torch.float32
+        if not self.dtype.is_floating_point:
+            self.dtype = torch.float32
+
+    def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
+        total = prompt_len + max_new_tokens + max_depth
+        if self.sliding_window is not None and total > self.sliding_window:
+            raise UnsupportedModelError(
+                f"this model uses sliding-window attention (window {self.sliding_window}); a tree mask "
+                f"would replace the window, and prompt + max_new_tokens + draft depth = {total} exceeds "
+                f"it. Allowed: at most {self.sliding_window} positions in all. Hint: shorten the prompt "
+                "or max_new_tokens, or use a model without sliding-window layers."
+            )
+
+    # -------------------------------------------------------------------------------------------
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # older signature
+            return DynamicCache()
+
+    def _forward(self, input_ids, attention_mask=None, position_ids=None):
+        kw = {self._cache_kw: self.cache}
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
+        )
+        return out.logits[0]
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> Verified:
+        self.cache = self._new_cache()
+        ids = prompt_ids.to(self.device).view(1, -1)
+        n = ids.shape[1]
+        logits = self._forward(ids, position_ids=torch.arange(n, device=self.device).view(1, -1))
+        self.past_len = n
+        prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])
+        argmax = tuple(logits.argmax(-1).tolist())
+        return Verified("prefill", ids[0], prev, logits, argmax, bonus=argmax[-1])
+
+    @torch.inference_mode()
+    def verify(self, tree: DraftTree) -> Verified:
+        past = self.past_len
+        ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
+        if tree.num_nodes == 1:
+            mask, pos = None, torch.tensor([[past]], device=self.device)
+        else:
+            mask = tree.attention_mask(past, dtype=self.dtype, device=self.device)
+            pos = tree.position_ids(past, device=self.device)
+        logits = self._forward(ids, mask, pos)
+        argmax = tuple(logits.argmax(-1).tolist())
+        path = walk(tree, argmax)
+        self.commit(past, path, tree.num_nodes)
+        self.past_len = past + len(path)
+        toks = tree.tokens
+        pred = torch.tensor([-1, *(toks[p] for p in tree.parents[1:])], dtype=torch.long)
+        return Verified(
+            "tree",
+            ids[0],
+            pred,
+            logits,
+            argmax,
+            tree,
+            path,
+            tuple(toks[i] for i in path[1:]),
+            argmax[path[-1]],
+        )
+
+    def commit(self, past: int, path: tuple[int, ...], num_nodes: int) -> None:
+        """Keep the cache rows of the accepted nodes (root first) in contiguous slots, drop the rest."""
+        keep = past + len(path)
+        if path[-1] != len(path) - 1:  # not a prefix of the layout: gather first
+            src = torch.tensor([past + i for i in path[1:]], device=self.device)
+            for layer in _layers(self.cache):
+                layer.keys[:, :, past + 1 : keep] = layer.keys.index_select(2, src)
+                layer.values[:, :, past + 1 : keep] = layer.values.index_select(2, src)
+        remove = past + num_nodes - keep
+        if remove > 0:
+            # A negative argument removes that many trailing entries (the form both the old and the
+            # current transformers cache APIs accept).
+            self.cache.crop(-remove)
+
+    def end(self) -> None:
+        self.cache = None
+
+
+def walk(tree: DraftTree, argmax) -> tuple[int, ...]:
+    """Greedy walk: from the root, move to the child whose token is the target's argmax."""
+    children, tokens = tree.children, tree.tokens
+    node, path = 0, [0]
+    while True:
+        want = argmax[node]
+        for c in children[node]:
+            if tokens[c] == want:
+                node = c
+                path.append(c)
+                break
+        else:
+            return tuple(path)
+
+
+def _layers(cache):
+    layers = getattr(cache, "layers", None)
+    if layers is None or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+        raise UnsupportedModelError(
+            f"cache type {type(cache).__name__} exposes no per-layer keys/values; Goose needs a "
+            "transformers DynamicCache (transformers >= 5)."
+        )
+    return layers
+
+
+@hookimpl(trylast=True)
+def goose_register_verifiers(register) -> None:
+    register(GreedyTreeVerifier, aliases=("tree",))
