@@ -103,6 +103,7 @@ class Decoder:
         self.model, self.tokenizer = model, tokenizer
         self.sources, self.policy, self.verifier = tuple(sources), policy, verifier
         self.budget = budget
+        self.max_nodes = policy.max_nodes(budget)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids) | self.eos_token_ids
         self.hook = hook
@@ -191,7 +192,7 @@ class Decoder:
         if max_new_tokens == 0:
             stats = Stats(prompt_len, 0, 0, 0, {}, {}, (), {"total": 0.0}, "max_new_tokens")
             return GenerationOutput([], "", stats, prompt_ids)
-        self.verifier.check_request(prompt_len, max_new_tokens, self.budget)
+        self.verifier.check_request(prompt_len, max_new_tokens, self.max_nodes)
 
         request = Request(prompt_ids, self.vocab_size, max_new_tokens, self.budget)
         for s in self.sources:
@@ -322,10 +323,10 @@ class Decoder:
                 f"Tree policy {self.policy.name!r} returned a tree rooted at token {tree.tokens[0]}, but "
                 f"the anchor is {anchor}; node 0 must be the anchor (ctx.state.anchor)"
             )
-        if tree.num_nodes > self.budget:
+        if tree.num_nodes > self.max_nodes:
             raise PluginError(
-                f"Tree policy {self.policy.name!r} returned {tree.num_nodes} nodes, over the budget of "
-                f"{self.budget} (root included)"
+                f"Tree policy {self.policy.name!r} returned {tree.num_nodes} nodes, over its limit of "
+                f"{self.max_nodes} at budget {self.budget} (root included; see TreePolicy.max_nodes)"
             )
         vocab = self.vocab_size
         for i, t in enumerate(tree.tokens):

@@ -244,6 +244,14 @@ class TreePolicy(ABC):
     def bind(self, sources: Sequence[DraftSource]) -> None:
         """Called once by ``compose`` with the decoder's sources; raise GooseError if unusable."""
 
+    def max_nodes(self, budget: int) -> int:
+        """The most nodes (root included) a tree of this policy may have at this ``budget``.
+
+        Policies that extend the budget (e.g. with confidence) override this; the loop refuses
+        larger trees.
+        """
+        return budget
+
     def begin(self, request: Request) -> None:
         """A generation starts; reset per-request state."""
 

@@ -28,7 +28,10 @@ ENV_ALLOW = "GOOSE_PLUGINS"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "goose.plugins.pld",
+    "goose.plugins.tr",
     "goose.policies.chain",
+    "goose.policies.isotropic",
+    "goose.policies.spine",
     "goose.verifiers.greedy",
 )
 
