@@ -32,6 +32,21 @@ class Stats:
     time_s: dict  # {"draft": s, "verify": s, "observe": s, "total": s}
     stopped_by: str  # "eos", "stop_token", "max_new_tokens" or "none"
     extra: dict = field(default_factory=dict)  # sources' and policy's own stats
+    verify_time_by_route: dict = field(default_factory=dict)  # {route: seconds in verify()}
+
+    def speedup_estimate(self) -> float | None:
+        """tau x (mean one-token step time / mean step time), from this run's own single steps.
+
+        None when the run had no single steps to time. Wall-clock speedup is what ``goose bench``
+        measures against real greedy decoding.
+        """
+        n1 = self.routes.get("single", 0)
+        steps = sum(self.routes.values())
+        if not n1 or not steps:
+            return None
+        t1 = self.verify_time_by_route["single"] / n1
+        tall = sum(self.verify_time_by_route.values()) / steps
+        return self.tau * t1 / tall if tall else None
 
     @property
     def tau(self) -> float:
@@ -61,6 +76,8 @@ class Stats:
             "time_s": self.time_s,
             "stopped_by": self.stopped_by,
             "extra": self.extra,
+            "verify_time_by_route": self.verify_time_by_route,
+            "speedup_estimate": self.speedup_estimate(),
         }
 
 
@@ -204,6 +221,7 @@ class Decoder:
         drafted: Counter = Counter()
         accepted: Counter = Counter()
         routes: Counter = Counter()
+        route_time: Counter = Counter()
         accept_lengths: list[int] = []
         t_draft = t_verify = t_observe = 0.0
         hook_step = self.hook.goose_on_step if self.hook is not None else None
@@ -265,6 +283,7 @@ class Decoder:
                 for i in v.path[1:]:
                     accepted[origins[i]] += 1
                 routes[tree.route] += 1
+                route_time[tree.route] += t2 - t1
                 accept_lengths.append(len(v.path) - 1)
                 committed = (*v.accepted, v.bonus)
                 if hook_step is not None:
@@ -294,6 +313,7 @@ class Decoder:
             {"draft": t_draft, "verify": t_verify, "observe": t_observe, "total": time.perf_counter() - t_start},
             stopped_by,
             extra,
+            dict(route_time),
         )
         text = self.tokenizer.decode(new, skip_special_tokens=True) if self.tokenizer is not None else ""
         out = GenerationOutput(new, text, stats, prompt_ids)

@@ -69,7 +69,7 @@ class Registry:
         if entry.name in table:
             prev = table[entry.name]
             raise PluginError(
-                f"Duplicate {entry.kind} name {entry.name!r}: registered by plugin {prev.provider!r} "
+                f"Duplicate {_KIND_WORDS[entry.kind]} name {entry.name!r}: registered by plugin {prev.provider!r} "
                 f"({prev.origin}) and again by plugin {entry.provider!r} ({entry.origin}). "
                 "Rename one of them, or disable one plugin with GOOSE_PLUGINS=<allow-list>."
             )
@@ -173,7 +173,7 @@ def get_registry() -> Registry:
     for kind, hookname in _HOOKS.items():
         caller = getattr(pm.hook, hookname)
         # Call each implementation on its own, so every entry records which plugin provided it.
-        for impl in reversed(caller.get_hookimpls()):
+        for impl in caller.get_hookimpls():  # trylast (built-ins) first
             provider = impl.plugin_name
             origin = _origins.get(provider, "registered at run time")
             register = _make_register(reg, kind, provider, origin)

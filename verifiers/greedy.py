@@ -52,9 +52,10 @@ class GreedyTreeVerifier(Verifier):
         self.max_positions = getattr(text_cfg, "max_position_embeddings", None)
         layer_types = getattr(text_cfg, "layer_types", None) or ()
         sliding = getattr(text_cfg, "sliding_window", None)
-        uses_window = any("sliding" in str(t) for t in layer_types) or (
-            sliding is not None and getattr(text_cfg, "use_sliding_window", bool(layer_types)) and not layer_types
-        )
+        if layer_types:
+            uses_window = any("sliding" in str(t) for t in layer_types)
+        else:
+            uses_window = sliding is not None and bool(getattr(text_cfg, "use_sliding_window", True))
         self.sliding_window = int(sliding) if (uses_window and sliding) else None
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

@@ -1,0 +1,5 @@
+import sys
+
+from goose.cli import main
+
+sys.exit(main())

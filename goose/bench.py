@@ -1,0 +1,337 @@
+"""``goose bench``: methods interleaved per prompt on real models and real prompts.
+
+For every prompt, plain greedy decoding (``ar``, transformers' ``generate``) runs first, then each
+method on the same prompt, so drift of the machine hits all methods alike. Speedups are reported
+pooled (total greedy time / total method time) and as the median of per-prompt ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONTEXT_ORIGINS = ("spine", "pld", "pld-latest", "context")
+RECYCLE_ORIGINS = ("branch", "root-branch", "tr", "tr-original")
+
+# name -> compose() keyword arguments (sources, policy, source options)
+PRESETS: dict[str, dict] = {
+    "greedy": {"sources": [], "policy": "greedy"},
+    "pld": {"sources": ["pld"], "policy": "chain"},
+    "tr": {"sources": ["tr"], "policy": "tr-tree"},
+    "tr-original": {"sources": ["tr-original"], "policy": "tr-tree"},
+    "iso3": {"sources": ["pld", "tr"], "policy": "iso3"},
+    "iso5": {"sources": ["pld", "tr"], "policy": "iso5"},
+    "spine": {"sources": ["pld", "tr"], "policy": "spine"},
+    "spine-nobypass": {"sources": ["pld", "tr"], "policy": "spine-nobypass"},
+    "spine-nobranch": {"sources": ["pld", "tr"], "policy": "spine-nobranch"},
+    "spine-nobigram": {"sources": ["pld", ("tr", {"bigram": False})], "policy": "spine"},
+    "spine-noprefill": {"sources": ["pld", ("tr", {"prefill_harvest": False})], "policy": "spine"},
+    "spine-nopld": {"sources": ["tr"], "policy": "spine"},
+    "spine-warm": {"sources": ["pld", ("tr", {"warm": True})], "policy": "spine"},
+}
+BASELINES = ("ar", "hf-pld")
+METHODS_HELP = (
+    "comma-separated: ar (transformers greedy, always run first), hf-pld (transformers prompt lookup), "
+    + ", ".join(PRESETS)
+    + ", or SRC+SRC/POLICY for any registered components (e.g. pld+tr/iso3)"
+)
+
+
+def preset(name: str) -> dict:
+    from goose.errors import InvalidInputError, did_you_mean
+
+    if name in PRESETS:
+        return PRESETS[name]
+    if "/" in name:
+        srcs, _, pol = name.partition("/")
+        return {"sources": [s for s in srcs.split("+") if s], "policy": pol}
+    raise InvalidInputError(
+        f"Unknown method {name!r}. Available: {', '.join((*BASELINES, *PRESETS))}, or SRC+SRC/POLICY."
+        f"{did_you_mean(name, (*BASELINES, *PRESETS))}"
+    )
+
+
+def method_decoder(name: str, model, tok, budget: int | None = None):
+    import goose
+
+    kw = dict(preset(name))
+    if budget is not None:
+        kw["budget"] = budget
+    return goose.compose(model, tok, **kw)
+
+
+@dataclass
+class Run:
+    dataset: str
+    prompt_id: str
+    method: str
+    tokens: list[int]
+    seconds: float
+    forward_passes: int | None = None
+    stats: dict = field(default_factory=dict)
+
+
+class Runner:
+    def __init__(self, method: str, model, tok, budget: int | None, max_new: int):
+        self.method, self.model, self.tok, self.max_new = method, model, tok, max_new
+        self.decoder = None if method in BASELINES else method_decoder(method, model, tok, budget)
+
+    def run(self, ids) -> tuple[list[int], float, dict]:
+        import torch
+
+        if self.decoder is not None:
+            t0 = time.perf_counter()
+            out = self.decoder.generate(ids, max_new_tokens=self.max_new)
+            dt = time.perf_counter() - t0
+            return out.token_ids, dt, out.stats.to_dict()
+        kw = dict(max_new_tokens=self.max_new, do_sample=False, attention_mask=torch.ones_like(ids))
+        if self.method == "hf-pld":
+            kw["prompt_lookup_num_tokens"] = 10
+        gen_cfg = getattr(self.model, "generation_config", None)
+        pad = getattr(gen_cfg, "pad_token_id", None)
+        if pad is None:
+            kw["pad_token_id"] = getattr(gen_cfg, "eos_token_id", None) or 0
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(ids, **kw)
+        dt = time.perf_counter() - t0
+        toks = out[0, ids.shape[1] :].tolist()
+        return toks, dt, {}
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b) or a[i] != b[i]:
+            return i
+    return None
+
+
+def top2_gap(model, ids, ref: list[int], pos: int) -> float:
+    """Greedy's top-1 minus top-2 logit at generated position ``pos`` (one full forward)."""
+    import torch
+
+    seq = torch.cat([ids[0], torch.tensor(ref[:pos], dtype=torch.long)]).view(1, -1)
+    with torch.inference_mode():
+        logits = model(input_ids=seq).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def _rate(per_source: dict, origins) -> tuple[int, int]:
+    d = sum(per_source.get(o, {}).get("drafted", 0) for o in origins)
+    a = sum(per_source.get(o, {}).get("accepted", 0) for o in origins)
+    return d, a
+
+
+def summarize(runs: list[Run], methods: list[str]) -> list[dict]:
+    """One row per (dataset, method) with pooled and median speedups against ``ar``."""
+    by_key: dict[tuple[str, str], Run] = {(r.dataset + "\x00" + r.prompt_id, r.method): r for r in runs}
+    datasets = list(dict.fromkeys(r.dataset for r in runs))
+    rows = []
+    for ds in [*datasets, "ALL"]:
+        prompts = list(dict.fromkeys(r.dataset + "\x00" + r.prompt_id for r in runs if ds in ("ALL", r.dataset)))
+        for m in methods:
+            mine = [(by_key.get((p, m)), by_key.get((p, "ar"))) for p in prompts]
+            mine = [(x, a) for x, a in mine if x is not None and a is not None]
+            if not mine:
+                continue
+            toks = sum(len(x.tokens) for x, _ in mine)
+            secs = sum(x.seconds for x, _ in mine)
+            ar_secs = sum(a.seconds for _, a in mine)
+            ar_toks = sum(len(a.tokens) for _, a in mine)
+            ratios = [
+                (len(x.tokens) / x.seconds) / (len(a.tokens) / a.seconds)
+                for x, a in mine
+                if x.seconds > 0 and a.seconds > 0 and len(a.tokens)
+            ]
+            ident = sum(x.tokens == a.tokens for x, a in mine)
+            fwd = sum((x.stats.get("forward_passes") or 0) for x, _ in mine)
+            per_source: dict = {}
+            steps = accepted_total = 0
+            draft_s = total_s = 0.0
+            for x, _ in mine:
+                for o, d in x.stats.get("per_source", {}).items():
+                    ps = per_source.setdefault(o, {"drafted": 0, "accepted": 0})
+                    ps["drafted"] += d["drafted"]
+                    ps["accepted"] += d["accepted"]
+                steps += x.stats.get("steps", 0)
+                accepted_total += sum(v["accepted"] for v in x.stats.get("per_source", {}).values())
+                t = x.stats.get("time_s", {})
+                draft_s += t.get("draft", 0.0) + t.get("observe", 0.0)
+                total_s += t.get("total", 0.0)
+            cd, ca = _rate(per_source, CONTEXT_ORIGINS)
+            rd, ra = _rate(per_source, RECYCLE_ORIGINS)
+            row = {
+                "dataset": ds,
+                "method": m,
+                "prompts": len(mine),
+                "tokens": toks,
+                "tok_s": toks / secs if secs else 0.0,
+                "speedup_pooled": (toks / secs) / (ar_toks / ar_secs) if secs and ar_secs and ar_toks else None,
+                "speedup_median": statistics.median(ratios) if ratios else None,
+                "identical": ident,
+                "tau": toks / fwd if fwd else None,
+                "mean_accept_len": (accepted_total / steps + 1) if steps else None,
+                "ctx_acc": ca / cd if cd else None,
+                "tr_acc": ra / rd if rd else None,
+                "acc_ratio": (ca / cd) / (ra / rd) if cd and rd and ra else None,
+                "overhead": draft_s / total_s if total_s else None,
+                "per_source": per_source,
+            }
+            rows.append(row)
+    return rows
+
+
+def _f(v, fmt="{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def table(rows: list[dict]) -> str:
+    head = "| dataset | method | n | tokens | tau | acc len | tok/s | speedup pooled | speedup median | identical | ctx acc | TR acc | ratio | overhead |"
+    sep = "|" + "---|" * 14
+    lines = [head, sep]
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['method']} | {r['prompts']} | {r['tokens']} | {_f(r['tau'])} | "
+            f"{_f(r['mean_accept_len'])} | {_f(r['tok_s'], '{:.1f}')} | {_f(r['speedup_pooled'])}x | "
+            f"{_f(r['speedup_median'])}x | {r['identical']}/{r['prompts']} | {_f(r['ctx_acc'], '{:.3f}')} | "
+            f"{_f(r['tr_acc'], '{:.3f}')} | {_f(r['acc_ratio'], '{:.1f}')} | {_f(r['overhead'], '{:.1%}')} |"
+        )
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="benchmark methods interleaved per prompt (see docs/bench.md)")
+    b.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    b.add_argument("--threads", type=int, default=2, help="torch threads (same for every method)")
+    b.add_argument("--datasets", default="demo", help="comma-separated; datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH")
+    b.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA or ../shared/data)")
+    b.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each dataset")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--methods", default="ar,hf-pld,pld,spine", help=METHODS_HELP)
+    b.add_argument("--budget", type=int, default=None, help="node budget (default: each policy's own, 60)")
+    b.add_argument("--chat", action="store_true", help="apply the chat template instead of raw prompts")
+    b.add_argument("--warmup", type=int, default=1, help="untimed runs of each method before timing")
+    b.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (median kept)")
+    b.add_argument("--no-gap", action="store_true", help="skip the top-2 logit gap at mismatches")
+    b.add_argument("--out", default=None, help="folder for results.json and results.md (default: none)")
+    b.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    import goose
+    import transformers
+    from goose import datasets, models
+    from goose.errors import InvalidInputError
+
+    torch.set_num_threads(args.threads)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in BASELINES:
+            preset(m)
+    if "ar" not in methods:
+        methods = ["ar", *methods]
+    methods = ["ar", *[m for m in methods if m != "ar"]]
+    prompts = []
+    for spec in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        ps = datasets.load(spec, args.data_dir)
+        prompts.extend(ps[: args.num_prompts] if args.num_prompts else ps)
+    if not prompts:
+        raise InvalidInputError("no prompts selected")
+    model, tok = models.load(args.model, args.dtype)
+    runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens) for m in methods}
+
+    def encode(text: str):
+        if args.chat:
+            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return tok(text, return_tensors="pt")["input_ids"]
+
+    if args.warmup:
+        ids = encode(prompts[0].text)
+        for _ in range(args.warmup):
+            for m in methods:
+                runners[m].run(ids)
+    runs: list[Run] = []
+    mismatches = []
+    t_start = time.time()
+    for k, p in enumerate(prompts):
+        ids = encode(p.text)
+        for m in methods:
+            _progress(k, len(prompts), p, m, t_start)
+            times, toks, st = [], None, {}
+            for _ in range(max(1, args.repeats)):
+                toks, dt, st = runners[m].run(ids)
+                times.append(dt)
+            spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
+            st["time_spread"] = spread
+            runs.append(Run(p.dataset, p.id, m, toks, statistics.median(times), st.get("forward_passes"), st))
+        ref = runs[-len(methods)].tokens
+        for r in runs[-len(methods) + 1 :]:
+            pos = first_mismatch(r.tokens, ref)
+            if pos is not None:
+                gap = None
+                if not args.no_gap and pos < len(ref):
+                    gap = top2_gap(model, ids, ref, pos)
+                mismatches.append({"dataset": p.dataset, "prompt_id": p.id, "method": r.method, "position": pos, "top2_gap": gap})
+    print(file=sys.stderr)
+    rows = summarize(runs, methods)
+    md = table(rows)
+    noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
+    meta = {
+        "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version()},
+        "versions": {"goose": goose.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
+        "model": args.model,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "max_new_tokens": args.max_new_tokens,
+        "datasets": args.datasets,
+        "num_prompts": args.num_prompts,
+        "chat": args.chat,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+    }
+    print(
+        f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {len(prompts)} prompts, "
+        f"max_new_tokens {args.max_new_tokens}; methods interleaved per prompt; speedup vs ar (transformers greedy)\n"
+    )
+    print(md)
+    print()
+    if mismatches:
+        print(f"Outputs that differ from greedy ({len(mismatches)}):")
+        for mm in mismatches:
+            gap = "-" if mm["top2_gap"] is None else f"{mm['top2_gap']:.4g}"
+            print(f"  {mm['dataset']}/{mm['prompt_id']} {mm['method']}: first mismatch at token {mm['position']}, greedy top-2 logit gap {gap}")
+    else:
+        print("Every method's output is identical to greedy decoding on every prompt.")
+    if noisy:
+        print(f"Note: {len(noisy)} runs varied by more than 15% across repeats: the machine was noisy.")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(
+            json.dumps(
+                {"meta": meta, "summary": rows, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]},
+                indent=1,
+                default=str,
+            )
+        )
+        (out / "results.md").write_text(md + "\n")
+        print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
+    return 0
+
+
+def _progress(k, n, p, m, t0) -> None:
+    if not sys.stderr.isatty():
+        return
+    el = time.time() - t0
+    sys.stderr.write(f"\r[{k + 1}/{n}] {p.dataset}/{p.id} {m:<16} {el:6.0f}s elapsed   ")
+    sys.stderr.flush()
