@@ -96,7 +96,7 @@ class StepRecord:
     step: int
     tree: DraftTree
     verified: Verified
-    committed: tuple[int, ...]  # tokens committed this cycle (accepted + bonus, after cuts)
+    committed: tuple[int, ...]  # tokens committed this cycle: accepted + bonus, cut at a stop token / max_new_tokens
     draft_s: float
     verify_s: float
 
@@ -235,15 +235,10 @@ class Decoder:
             seq = list(prompt_ids)
             new: list[int] = []
             stopped_by = "none"
-            committed: tuple[int, ...] = (v.bonus,)
+            committed = _cut((v.bonus,), stops, max_new_tokens)
             step = 0
             while True:
-                # -- commit (cut at the first stop token and at max_new_tokens) -----------------
-                for i, t in enumerate(committed):
-                    if t in stops:
-                        committed = committed[: i + 1]
-                        break
-                committed = committed[: max_new_tokens - len(new)]
+                # -- commit (already cut at the first stop token and at max_new_tokens) ---------
                 new.extend(committed)
                 seq.extend(committed)
                 if committed and committed[-1] in stops:
@@ -285,7 +280,7 @@ class Decoder:
                 routes[tree.route] += 1
                 route_time[tree.route] += t2 - t1
                 accept_lengths.append(len(v.path) - 1)
-                committed = (*v.accepted, v.bonus)
+                committed = _cut((*v.accepted, v.bonus), stops, max_new_tokens - len(new))
                 if hook_step is not None:
                     hook_step(
                         decoder=self,
@@ -367,6 +362,15 @@ class Decoder:
             except Exception as exc:  # noqa: BLE001
                 raise DraftSourceError(s.name, f"observe() raised {type(exc).__name__}: {exc}") from exc
         self.policy.observe(v)
+
+
+def _cut(committed: tuple[int, ...], stops, room: int) -> tuple[int, ...]:
+    """Cut after the first stop token and at ``room`` tokens."""
+    for i, t in enumerate(committed):
+        if t in stops:
+            committed = committed[: i + 1]
+            break
+    return committed[:room]
 
 
 def prune(tree: DraftTree, max_depth: int) -> DraftTree:

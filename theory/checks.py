@@ -1,0 +1,607 @@
+"""The proposition checks behind ``python -m goose.theory check`` (docs/theory.md states each).
+
+Every check returns :class:`Check` lines. ``holds``/``fails`` lines are exact statements that the
+numbers must satisfy (``margin >= 0`` iff it holds); ``note`` lines report what was measured
+where a claim, as the algorithm notes word it, does not hold everywhere (with the parameters);
+``skipped`` lines say why a check could not run. Only ``fails`` makes the command exit non-zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from goose.theory import allocation as al
+from goose.theory.calibrate import Record, calibration_report, compare_tau, estimate, synthetic_records
+from goose.theory.model import (
+    ROOT,
+    SPINE,
+    AcceptanceModel,
+    chain_accept_from_argmax,
+    chain_accept_from_path,
+    greedy_walk,
+    independent_ranks,
+    simulate_tokens,
+)
+from goose.theory.trees import (
+    BRANCH,
+    ROOT_BRANCH,
+    SpineRule,
+    brute_force_best,
+    chain_tree,
+    goose_tree,
+    isotropic_tree,
+    make_tree,
+    optimal_single_source,
+    optimal_spine_tree,
+    stationary_rule,
+)
+
+TOL = 1e-9
+K_TOP = 10  # the branch source's top-K
+
+# The regions the exact statements claim (docs/theory.md explains how they were found).
+HARMONIC_REGION = (0.40, 0.10)  # harmonic >= uniform for p <= 0.40 and q <= 0.10 (chain end)
+PROP3_ISO_RATIO = 1.1  # deployed spine tree > best iso-k for every swept p/q > 1
+PROP3_SINGLE_RATIO = 1.75  # deployed spine tree >= best single-source optimum for p/q >= 1.75 (budget 60)
+PROP3_GROW_P = 0.5  # the gain over iso-k grows monotonically with p/q for p >= 0.5
+PROP4_RATIO = 2.0  # deployed spine tree >= deployed TR-only tree for p >= 2 q_1
+PROP4_OPT_RATIO = 2.5  # deployed spine tree >= optimal TR-only tree for p >= 2.5 q_1
+PAPER_L = 9  # the spine lengths the deployed rule builds at budget 60 are 9, 18 or 20
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "holds", "fails", "note", "skipped"
+    margin: float | None
+    detail: str = ""
+
+    @classmethod
+    def of(cls, name: str, margin: float, detail: str = "") -> Check:
+        margin = 0.0 if abs(margin) < TOL else float(margin)  # exact ties print as 0, not -4e-16
+        return cls(name, "holds" if margin >= 0 else "fails", margin, detail)
+
+    def line(self) -> str:
+        m = "" if self.margin is None else f"margin={self.margin:+.4g}"
+        return f"{self.name:<52} {m:<18} {self.status:<7} {self.detail}".rstrip()
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    plots: dict = field(default_factory=dict)  # data for the plots
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "fails" for c in self.checks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random trees and rates (shared with the tests)
+# ---------------------------------------------------------------------------------------------
+def random_rates(rng: np.random.Generator, K: int, sorted_desc: bool = False) -> tuple[float, ...]:
+    v = rng.dirichlet(np.ones(K + 1))[:K] * rng.uniform(0.2, 1.0)
+    return tuple(sorted(v, reverse=True)) if sorted_desc else tuple(v)
+
+
+def random_tree(rng: np.random.Generator, n: int, origins=(BRANCH, ROOT_BRANCH, "plugin")):
+    """A random tree of n nodes with a random spine (a root path) and random non-spine origins."""
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    end = int(rng.integers(0, n))
+    spine = set()
+    while end > 0:
+        spine.add(end)
+        end = parents[end]
+    labels = [ROOT] + [SPINE if i in spine else origins[int(rng.integers(0, len(origins)))] for i in range(1, n)]
+    return make_tree(parents, labels)
+
+
+def random_model(rng: np.random.Generator) -> AcceptanceModel:
+    return AcceptanceModel(
+        tuple(rng.uniform(0, 1, size=int(rng.integers(1, 5)))),
+        random_rates(rng, int(rng.integers(1, 6))),
+        {"plugin": random_rates(rng, int(rng.integers(1, 4)))},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The model and the optimal-tree programs
+# ---------------------------------------------------------------------------------------------
+def check_model(rng: np.random.Generator, cases: int = 40, walks: int = 20000) -> list[Check]:
+    worst = 0.0
+    where = ""
+    for c in range(cases):
+        model = random_model(rng)
+        tree = random_tree(rng, int(rng.integers(1, 40)))
+        exact = model.expected_tokens(tree)
+        sim = simulate_tokens(tree, model, walks, rng)
+        se = sim.std(ddof=1) / math.sqrt(walks)
+        z = abs(sim.mean() - exact) / se if se > 0 else (0.0 if abs(sim.mean() - exact) < TOL else math.inf)
+        if z > worst:
+            worst, where = z, f"case {c}: {tree.num_nodes} nodes, exact {exact:.4f}, MC {sim.mean():.4f}"
+    return [Check.of(
+        "model.exact_vs_monte_carlo", 5.0 - worst,
+        f"max |z| = {worst:.2f} <= 5 over {cases} random trees x {walks} walks ({where})",
+    )]
+
+
+def check_optimal(rng: np.random.Generator, cases: int = 12, max_budget: int = 7) -> list[Check]:
+    gap_single = gap_spine = gap_tree = 0.0
+    for _ in range(cases):
+        q = random_rates(rng, int(rng.integers(1, 4)))
+        p = tuple(rng.uniform(0, 1, size=3))
+        model = AcceptanceModel(p, q)
+        for B in range(1, max_budget + 1):
+            v1, t1 = optimal_single_source(q, B)
+            b1, _ = brute_force_best(model, B, spine=False)
+            v2, t2 = optimal_spine_tree(p, q, B)
+            b2, _ = brute_force_best(model, B, spine=True)
+            gap_single = max(gap_single, abs(v1 - b1))
+            gap_spine = max(gap_spine, abs(v2 - b2))
+            gap_tree = max(gap_tree, abs(model.expected_tokens(t1) - v1), abs(model.expected_tokens(t2) - v2))
+            if t1.num_nodes > B or t2.num_nodes > B:
+                gap_tree = math.inf
+    return [
+        Check.of("optimal.single_source_dp_eq_brute_force", -gap_single,
+                 f"Sequoia DP = exhaustive optimum, budgets 1..{max_budget}, {cases} random q (max gap {gap_single:.1e})"),
+        Check.of("optimal.spine_dp_eq_brute_force", -gap_spine,
+                 f"spine+branch DP = exhaustive optimum over every tree and spine path (max gap {gap_spine:.1e})"),
+        Check.of("optimal.dp_trees_reach_their_value", -gap_tree,
+                 "the emitted trees fit the budget and score their DP value under the model"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Proposition 2
+# ---------------------------------------------------------------------------------------------
+P2_P = tuple(round(x, 2) for x in np.arange(0.05, 0.96, 0.05))
+P2_Q = (0.01, 0.03, 0.1, 0.3)
+P2_L = (1, 2, 3, 4, 6, 9, 12, 16, 20)
+
+
+def _budgets(L: int) -> range:
+    return range(1, K_TOP * L + 1, 1 if L <= 4 else 3)
+
+
+def check_prop2(rng: np.random.Generator, report: Report) -> list[Check]:
+    out: list[Check] = []
+    # (a) greedy marginal allocation = exhaustive optimum (any p_d, any non-increasing q)
+    gap = 0.0
+    for _ in range(150):
+        L, K = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        q = random_rates(rng, K, sorted_desc=True)
+        w = al.spine_weights(tuple(rng.uniform(0, 1, size=L)), L)
+        M = int(rng.integers(0, L * K + 1))
+        best, _ = al.brute_force_allocation(w, q, M)
+        gap = max(gap, best - al.gain(w, q, al.optimal_allocation(w, q, M)))
+    out.append(Check.of("prop2.greedy_allocation_exact", -gap,
+                        f"greedy = exhaustive optimum on 150 random (p_d, q, L<=4, M) (max gap {gap:.1e})"))
+
+    # (b) decay, (c) linear band: geometric p, independent q
+    decay_margin, end_up, end_up_low = math.inf, [], 0
+    band_worst, informative, slope_err = 0.0, 0, []
+    for p in P2_P:
+        for q in P2_Q:
+            qv = independent_ranks(q, K_TOP)
+            s = al.kkt_slope(p, q)
+            for L in (5, 10, 20):
+                w = al.spine_weights((p,), L)
+                for M in (L, 2 * L, 5 * L, 8 * L):
+                    b = al.optimal_allocation(w, qv, M)
+                    if L >= 3:
+                        decay_margin = min(decay_margin, min(b[d] - b[d + 1] for d in range(L - 2)))
+                    if b[-1] > b[-2]:
+                        end_up.append((p, q, L, M))
+                        end_up_low += p <= 0.5
+                    width = al.band_width(b, K_TOP, s)
+                    if width is not None:
+                        informative += 1
+                        band_worst = max(band_worst, width)
+                    fs = al.fitted_slope(b, K_TOP)
+                    if fs is not None and len(al.interior_active(b, K_TOP)) >= 5:
+                        slope_err.append(abs(fs - s) / s)
+    out.append(Check.of("prop2.decay_interior", decay_margin,
+                        "geometric p: optimal b_d non-increasing over spine depths 1..L-1 "
+                        f"({len(P2_P)} p x {len(P2_Q)} q x L in 5,10,20 x 4 budgets)"))
+    ps_up = sorted({e[0] for e in end_up})
+    out.append(Check("prop2.decay_at_chain_end", "note", None,
+                     f"b_L > b_(L-1) in {len(end_up)} grid cases, all with p > 1/2 ({end_up_low} with p <= 1/2; "
+                     f"p in {ps_up[0] if ps_up else '-'}..{ps_up[-1] if ps_up else '-'}): the last spine node "
+                     "has weight P_L, not P_L(1-p), so the decay claim holds only away from the chain end"))
+    out.append(Check.of("prop2.linear_decay_band", 1.0 - band_worst,
+                        "optimal b_d + d*ln(1/p)/ln(1/(1-q)) spans <= 1 over interior nodes with 0<b_d<K "
+                        f"(max span {band_worst:.3f}, {informative} informative cases)"))
+    if slope_err:
+        out.append(Check("prop2.linear_decay_fitted_slope", "note", None,
+                         f"least-squares slope vs ln(1/p)/ln(1/(1-q)) on {len(slope_err)} cases with >=5 "
+                         f"interior nodes: median rel. error {np.median(slope_err):.3f}, max {max(slope_err):.3f}"))
+
+    # (d) ranking: optimal >= harmonic, optimal >= uniform, and where harmonic >= uniform
+    opt_margin = math.inf
+    region_margin = math.inf
+    first_fail: dict[float, tuple] = {}
+    paper: tuple[float, tuple | None] = (0.0, None)
+    paper_first = math.inf
+    open_first_fail: dict[float, float] = {}
+    for q in P2_Q:
+        qv = independent_ranks(q, K_TOP)
+        for p in P2_P:
+            for L in P2_L:
+                for chain_end in (True, False):
+                    w = al.spine_weights((p,), L) if chain_end else al.spine_weights((p,), L + 1)[:L]
+                    for M in _budgets(L):
+                        go = al.gain(w, qv, al.optimal_allocation(w, qv, M))
+                        gh = al.gain(w, qv, al.harmonic_allocation(M, L, K_TOP))
+                        gu = al.gain(w, qv, al.uniform_allocation(M, L, K_TOP))
+                        rel = (gh - gu) / go if go > 0 else 0.0
+                        if not chain_end:
+                            if rel < -TOL and p < open_first_fail.get(q, 2.0):
+                                open_first_fail[q] = p
+                            continue
+                        opt_margin = min(opt_margin, go - max(gh, gu))
+                        if p <= HARMONIC_REGION[0] and q <= HARMONIC_REGION[1]:
+                            region_margin = min(region_margin, rel)
+                        if rel < -TOL and (q not in first_fail or p < first_fail[q][0]):
+                            first_fail[q] = (p, L, M, rel)
+                        if q == 0.03 and 0.2 <= p <= 0.8 and L >= PAPER_L and rel < -TOL:
+                            paper_first = min(paper_first, p)
+                            if rel < paper[0]:
+                                paper = (rel, (p, L, M))
+    out.append(Check.of("prop2.optimal_ge_harmonic_and_uniform", opt_margin,
+                        "exact optimum >= both rules at equal budget (gain, every grid case)"))
+    out.append(Check.of(
+        f"prop2.harmonic_ge_uniform[p<={HARMONIC_REGION[0]},q<={HARMONIC_REGION[1]}]", region_margin,
+        f"harmonic >= uniform for L in {P2_L[0]}..{P2_L[-1]}, all budgets M <= 10L (margin: worst relative gain)",
+    ))
+    fails = "; ".join(f"q={q}: from p={v[0]} (L={v[1]}, M={v[2]}, {100 * v[3]:+.1f}%)" for q, v in sorted(first_fail.items()))
+    out.append(Check("prop2.harmonic_ge_uniform[elsewhere]", "note", None,
+                     f"harmonic < uniform first at {fails or 'nowhere'}"))
+    if paper[1] is not None:
+        out.append(Check(f"prop2.harmonic_vs_uniform[p=0.2-0.8,q=0.03,L>={PAPER_L}]", "note", None,
+                         f"harmonic < uniform from p={paper_first}; worst {100 * paper[0]:+.1f}% of the optimum "
+                         f"at p={paper[1][0]}, L={paper[1][1]}, M={paper[1][2]}"))
+    out.append(Check("prop2.harmonic_vs_uniform[spine goes on past L]", "note", None,
+                     "if the last spine node also had a (undrafted) spine continuation, harmonic < uniform first at "
+                     + ("; ".join(f"q={q}: p={p}" for q, p in sorted(open_first_fail.items())) or "nowhere")))
+
+    # plot data: one slope-visible case and one paper-regime case
+    cases = []
+    for p, q, L, M in ((0.9, 0.2, 16, 40), (0.8, 0.03, 16, 30)):
+        qv = independent_ranks(q, K_TOP)
+        w = al.spine_weights((p,), L)
+        cases.append({
+            "p": p, "q": q, "L": L, "M": M,
+            "optimal": al.optimal_allocation(w, qv, M),
+            "harmonic": al.harmonic_allocation(M, L, K_TOP),
+            "uniform": al.uniform_allocation(M, L, K_TOP),
+            "slope": al.kkt_slope(p, q),
+        })
+    report.plots["allocation"] = cases
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Proposition 3
+# ---------------------------------------------------------------------------------------------
+P3_RATIOS = (1, 1.1, 1.2, 1.3, 1.4, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20)
+P3_P = (0.3, 0.5, 0.8, 0.9)
+BUDGET = 60
+CHAIN = 20
+
+
+def sweep_point(p: float, q: float, budget: int = BUDGET, chain: int = CHAIN) -> dict:
+    """Expected tokens per step of every tree Prop. 3 compares, at one (p, q, budget)."""
+    qv = independent_ranks(q, K_TOP)
+    model = AcceptanceModel((p,), qv)
+    rule = stationary_rule((p,), SpineRule(budget=budget, chain_len=chain))
+    iso = {k: model.expected_tokens(isotropic_tree(k, budget)) for k in range(2, 6)}
+    k_best = max(iso, key=iso.get)
+    seq, _ = optimal_single_source(qv, budget)
+    pld = model.expected_tokens(chain_tree(min(chain, budget - 1)))
+    opt, opt_tree = optimal_spine_tree((p,), qv, budget, chain)
+    return {
+        "p": p, "q": q, "ratio": p / q, "L": rule.spine_length(),
+        "spine": model.expected_tokens(goose_tree(qv, rule)),
+        "tr_rule": model.expected_tokens(goose_tree(qv, SpineRule(budget=budget, chain_len=0))),
+        "iso": iso[k_best], "iso_k": k_best, "tr_opt": seq, "pld": pld, "single": max(seq, pld),
+        "opt": opt, "opt_L": sum(o == SPINE for o in opt_tree.origins),
+    }
+
+
+def check_prop3(report: Report, seed: int = 0) -> list[Check]:
+    rows = [sweep_point(p, p / r) for p in P3_P for r in P3_RATIOS]
+    report.plots["prop3"] = rows
+    out = []
+    contain = min(r["opt"] - max(r["iso"], r["single"], r["spine"]) for r in rows)
+    out.append(Check.of("prop3.optimum_ge_every_baseline", contain,
+                        f"two-source optimum >= deployed spine, best iso-k, best single source (budget {BUDGET})"))
+    win = min(r["spine"] / r["iso"] - 1 for r in rows if r["ratio"] >= PROP3_ISO_RATIO)
+    out.append(Check.of(f"prop3.spine_beats_iso[p/q>={PROP3_ISO_RATIO}]", win,
+                        f"deployed spine tree vs best balanced k-ary (k=2..5, depth<=6), p in {P3_P}, "
+                        "margin: smallest relative gain"))
+    grow, dips = math.inf, []
+    for p in P3_P:
+        pr = [r for r in rows if r["p"] == p]
+        for key in ("spine", "opt"):
+            g = [r[key] / r["iso"] for r in pr]
+            steps = [(b - a, r["ratio"]) for a, b, r in zip(g[:-1], g[1:], pr[1:])]
+            if p >= PROP3_GROW_P:
+                grow = min(grow, min(d for d, _ in steps))
+            else:
+                dips += [(p, key, d / a, x) for (d, x), a in zip(steps, g[:-1]) if d < -TOL]
+    out.append(Check.of(f"prop3.gain_grows_with_p/q[p>={PROP3_GROW_P}]", grow,
+                        "spine/iso and optimum/iso ratios non-decreasing along the p/q sweep 1..20, "
+                        f"p in {tuple(p for p in P3_P if p >= PROP3_GROW_P)}"))
+    if dips:
+        w = min(dips, key=lambda v: v[2])
+        out.append(Check("prop3.gain_grows_with_p/q[p<0.5]", "note", None,
+                         f"saturates and dips slightly: {len(dips)} decreasing steps, from p/q={min(d[3] for d in dips):g}, "
+                         f"largest {100 * w[2]:+.2f}% ({w[1]}/iso, p={w[0]}, at p/q={w[3]:g})"))
+    single = min(r["spine"] - r["single"] for r in rows if r["ratio"] >= PROP3_SINGLE_RATIO)
+    out.append(Check.of(f"prop3.spine_ge_single_source_opt[p/q>={PROP3_SINGLE_RATIO}]", single,
+                        "deployed spine tree >= max(optimal TR-only tree, PLD chain) at equal budget"))
+    for p in P3_P:
+        pr = [r for r in rows if r["p"] == p]
+        cross_iso = _crossover(pr, "iso")
+        cross_single = _crossover(pr, "single")
+        at1 = pr[0]
+        top = pr[-1]
+        out.append(Check(f"prop3.sweep[p={p}]", "note", None,
+                         f"spine wins vs iso from p/q={cross_iso}, vs single-source opt from p/q={cross_single}; "
+                         f"at p/q=1: spine/iso {at1['spine'] / at1['iso'] - 1:+.1%}, opt/iso "
+                         f"{at1['opt'] / at1['iso'] - 1:+.1%}, spine/single {at1['spine'] / at1['single'] - 1:+.1%}; "
+                         f"at p/q=20: spine/iso {top['spine'] / top['iso'] - 1:+.1%}, spine/opt "
+                         f"{top['spine'] / top['opt']:.3f}"))
+    # off the grid: random (p, p/q, budget); report every violation of the two statements above
+    rng = np.random.default_rng(seed)
+    v_iso, v_single, n = [], [], 400
+    for _ in range(n):
+        p, ratio, B = rng.uniform(0.05, 0.95), math.exp(rng.uniform(0.0, math.log(20))), int(rng.integers(10, 101))
+        r = sweep_point(p, p / ratio, B)
+        if ratio >= PROP3_ISO_RATIO and r["spine"] <= r["iso"]:
+            v_iso.append((p, ratio, B, r["spine"] / r["iso"] - 1))
+        if ratio >= PROP3_SINGLE_RATIO and r["spine"] < r["single"] - TOL:
+            v_single.append((p, ratio, B, r["spine"] / r["single"] - 1, r["L"] < CHAIN and r["pld"] >= r["tr_opt"]))
+    out.append(Check("prop3.off_grid[spine_beats_iso]", "note", None,
+                     f"{len(v_iso)} of {n} random (p in 0.05..0.95, p/q in 1..20, budget 10..100) violate it"
+                     + (f" (largest p/q {max(v[1] for v in v_iso):.2f}; worst " + _fmt3(min(v_iso, key=lambda v: v[3]))
+                        + ")" if v_iso else "")))
+    cut = sum(v[4] for v in v_single)
+    out.append(Check("prop3.off_grid[spine_ge_single_source_opt]", "note", None,
+                     f"{len(v_single)} of {n} random points violate it"
+                     + (f" (worst {_fmt3(min(v_single, key=lambda v: v[3]))}; in {cut} of them the rule's spine is "
+                        f"shorter than the {CHAIN}-token chain and the chain alone is the best single source)"
+                        if v_single else "")))
+    eff = [r["spine"] / r["opt"] for r in rows]
+    out.append(Check("prop3.spine_vs_true_optimum", "note", None,
+                     f"deployed spine tree reaches {min(eff):.1%}..{max(eff):.1%} of the model optimum over the sweep"))
+    return out
+
+
+def _fmt3(v: tuple) -> str:
+    return f"{100 * v[3]:+.1f}% at p={v[0]:.3f}, p/q={v[1]:.2f}, budget {v[2]}"
+
+
+def _crossover(rows: Sequence[dict], key: str) -> str:
+    """Smallest swept p/q from which the spine tree wins at every larger swept ratio."""
+    winning = None
+    for r in reversed(rows):
+        if r["spine"] > r[key] + TOL:
+            winning = r["ratio"]
+        else:
+            break
+    return "never" if winning is None else f"{winning:g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Proposition 4
+# ---------------------------------------------------------------------------------------------
+def random_logged_tree(rng: np.random.Generator) -> tuple[Record, tuple[int, ...]]:
+    """A random tree with distinct sibling tokens and a random target argmax per node."""
+    n = int(rng.integers(1, 30))
+    if rng.random() < 0.5:
+        shape = random_tree(rng, n)
+    else:
+        p, q = float(rng.uniform(0.05, 0.95)), float(rng.uniform(0.01, 0.5))
+        shape = goose_tree(independent_ranks(q, K_TOP),
+                           SpineRule(budget=int(rng.integers(2, 40)), chain_len=int(rng.integers(0, 20)), ema=p))
+    V = 6  # a small vocabulary, so the argmax often equals some child's token
+    kids: list[list[int]] = [[] for _ in shape.parents]
+    tokens = [0] * shape.num_nodes
+    for i in range(1, shape.num_nodes):
+        used = {tokens[k] for k in kids[shape.parents[i]]}
+        free = [t for t in range(4 * V) if t not in used]
+        tokens[i] = int(rng.choice(free[: V + len(used)]))
+        kids[shape.parents[i]].append(i)
+    argmax = tuple(int(rng.integers(0, V + 2)) for _ in range(shape.num_nodes))
+    path = greedy_walk(tokens, shape.parents, shape.origins, argmax)
+    return Record(tuple(tokens), shape.parents, shape.origins, path, "synthetic", 0, 0, None, argmax), argmax
+
+
+def per_cycle_margins(records: Sequence[Record]) -> tuple[int, int, int, list[str]]:
+    """(min over records of full - chain accepted, records re-walked, mismatches, violation texts)."""
+    worst, walked, mismatch, bad = 10**9, 0, 0, []
+    for r in records:
+        full = len(r.path) - 1
+        chain = chain_accept_from_path(r.origins, r.path)
+        if r.argmax is not None:
+            walked += 1
+            rewalk = greedy_walk(r.tokens, r.parents, r.origins, r.argmax)
+            chain_a = chain_accept_from_argmax(r.tokens, r.parents, r.origins, r.argmax)
+            if rewalk != r.path or chain_a != chain:
+                mismatch += 1
+                if len(bad) < 3:
+                    bad.append(f"{r.dataset}/{r.request}/{r.step}: logged path {list(r.path)} vs re-walk "
+                               f"{list(rewalk)}, chain {chain} vs {chain_a}")
+            chain = chain_a
+        if full - chain < 0 and len(bad) < 3:
+            bad.append(f"{r.dataset}/{r.request}/{r.step}: tree accepted {full} < chain {chain}")
+        worst = min(worst, full - chain)
+    return (0 if worst == 10**9 else worst), walked, mismatch, bad
+
+
+P4_Q = (0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.8)
+P4_P = tuple(round(x, 2) for x in np.arange(0.05, 0.96, 0.05))
+P4_BUDGETS = (20, 40, 60, 100)
+
+
+def check_prop4(rng: np.random.Generator, records: Sequence[Record] | None) -> list[Check]:
+    return check_prop4_per_cycle(rng, records) + check_prop4_expected(rng)
+
+
+def check_prop4_per_cycle(rng: np.random.Generator, records: Sequence[Record] | None) -> list[Check]:
+    """Per step, exact: the tree's accepted length vs the spine chain re-walked alone."""
+    out = []
+    synthetic = [random_logged_tree(rng)[0] for _ in range(2000)]
+    worst, walked, mismatch, bad = per_cycle_margins(synthetic)
+    out.append(Check.of("prop4.per_cycle_vs_chain[synthetic]", min(worst, -mismatch),
+                        f"tree accepted - chain-only re-walk >= 0 on 2000 random trees x argmax; "
+                        f"path formula = argmax re-walk ({mismatch} mismatches){'; ' + bad[0] if bad else ''}"))
+    if records:
+        worst, walked, mismatch, bad = per_cycle_margins(records)
+        out.append(Check.of("prop4.per_cycle_vs_chain[records]", min(worst, -mismatch),
+                            f"{len(records)} logged steps ({walked} re-walked from argmax, {mismatch} disagree "
+                            f"with the logged path){'; ' + ' | '.join(bad) if bad else ''}"))
+    else:
+        out.append(Check("prop4.per_cycle_vs_chain[records]", "skipped", None, "skipped: no records (--records PATH)"))
+
+    return out
+
+
+def check_prop4_expected(rng: np.random.Generator) -> list[Check]:
+    """In expectation under the model: the spine tree vs TR-only trees at equal budget."""
+    out = []
+    contain, rule_margin, opt_margin = math.inf, math.inf, math.inf
+    viol: list[tuple] = []
+    viol_opt: list[tuple] = []
+    for B in P4_BUDGETS:
+        for q in P4_Q:
+            qv = independent_ranks(q, K_TOP)
+            seq, _ = optimal_single_source(qv, B)
+            tr_rule = AcceptanceModel((), qv).expected_tokens(goose_tree(qv, SpineRule(budget=B, chain_len=0)))
+            for p in P4_P:
+                if p < q:
+                    continue
+                model = AcceptanceModel((p,), qv)
+                opt, _ = optimal_spine_tree((p,), qv, B, CHAIN)
+                contain = min(contain, opt - seq)
+                rule = stationary_rule((p,), SpineRule(budget=B, chain_len=CHAIN))
+                spine = model.expected_tokens(goose_tree(qv, rule))
+                if p >= PROP4_RATIO * q - TOL:
+                    rule_margin = min(rule_margin, (spine - tr_rule) / tr_rule)
+                if p >= PROP4_OPT_RATIO * q - TOL:
+                    opt_margin = min(opt_margin, (spine - seq) / seq)
+                if spine < tr_rule - TOL:
+                    viol.append((B, q, p, (spine - tr_rule) / tr_rule))
+                if spine < seq - TOL:
+                    viol_opt.append((B, q, p, (spine - seq) / seq))
+    out.append(Check.of("prop4.expected_optimum_ge_tr_optimum", contain,
+                        f"optimal spine tree >= optimal TR-only tree, budgets {P4_BUDGETS}, p >= q_1 grid"))
+    grid = f"budgets {P4_BUDGETS}, q in {P4_Q}, p in 0.05..0.95"
+    out.append(Check.of(f"prop4.expected_spine_ge_tr_rule[p>={PROP4_RATIO:g}q1]", rule_margin,
+                        f"deployed spine tree >= deployed TR-only tree (same rule, empty chain), {grid}; "
+                        "margin: smallest relative gain"))
+    out.append(Check.of(f"prop4.expected_spine_ge_tr_optimum[p>={PROP4_OPT_RATIO:g}q1]", opt_margin,
+                        f"deployed spine tree >= optimal TR-only tree (Sequoia DP), same grid; "
+                        "margin: smallest relative gain"))
+    # off the grid: random points with p >= 2 q_1, budgets 10..100
+    rng2 = np.random.default_rng(int(rng.integers(2**31)))
+    off, n = [], 400
+    for _ in range(n):
+        q = math.exp(rng2.uniform(math.log(0.01), math.log(0.45)))
+        p = min(0.95, q * rng2.uniform(PROP4_RATIO, 20.0))
+        B = int(rng2.integers(10, 101))
+        qv = independent_ranks(q, K_TOP)
+        model = AcceptanceModel((p,), qv)
+        tr_rule = model.expected_tokens(goose_tree(qv, SpineRule(budget=B, chain_len=0)))
+        spine = model.expected_tokens(goose_tree(qv, stationary_rule((p,), SpineRule(budget=B, chain_len=CHAIN))))
+        if spine < tr_rule - TOL:
+            off.append((p, p / q, B, spine / tr_rule - 1))
+    out.append(Check(f"prop4.off_grid[spine_ge_tr_rule,p>={PROP4_RATIO:g}q1]", "note", None,
+                     f"{len(off)} of {n} random (q in 0.01..0.45, p/q_1 in {PROP4_RATIO:g}..20, budget 10..100) violate it"
+                     + (f"; all with budget <= {max(v[2] for v in off)}; worst {_fmt3(min(off, key=lambda v: v[3]))}"
+                        if off else "")))
+    for label, vs in (("tr_rule", viol), ("tr_optimum", viol_opt)):
+        if vs:
+            w = min(vs, key=lambda v: v[3])
+            ratios = sorted({round(v[2] / v[1], 2) for v in vs})
+            out.append(Check(f"prop4.expected_spine_ge_{label}[p>=q1]", "note", None,
+                             f"violated in {len(vs)} grid cases, all with p/q_1 in {ratios[0]}..{ratios[-1]}; worst "
+                             f"{100 * w[3]:+.1f}% at budget {w[0]}, q={w[1]}, p={w[2]}"))
+        else:
+            out.append(Check(f"prop4.expected_spine_ge_{label}[p>=q1]", "note", None, "no violation on the p >= q_1 grid"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------------------------
+def check_calibration(rng: np.random.Generator, records: Sequence[Record] | None, report: Report,
+                      tau_tol: float = 0.10) -> list[Check]:
+    out = []
+    truth = AcceptanceModel((0.85, 0.8, 0.75, 0.7), independent_ranks(0.15, K_TOP),
+                            {ROOT_BRANCH: independent_ranks(0.25, K_TOP)})
+    trees = []
+    for L in (0, 3, 8, 14, 20):
+        for B in (20, 60):
+            for ema in (0.1, 0.5):
+                trees.append(goose_tree(truth.branch, SpineRule(budget=B, chain_len=L, ema=ema)))
+    recs = synthetic_records(trees, truth, 250, rng)
+    fit, counts = estimate(recs, pool_from=4)
+    zmax, n_rates = 0.0, 0
+    for d in range(1, 5):
+        t = counts.spine_trials.get(d, 0) if d < 4 else sum(v for k, v in counts.spine_trials.items() if k >= 4)
+        if t >= 30:
+            zmax = max(zmax, _z(fit.p(d), truth.p(d), t))
+            n_rates += 1
+    for origin, vec in fit.per_origin.items():
+        for r, est in enumerate(vec, 1):
+            t = counts.rank_trials[origin].get(r, 0)
+            if t >= 30:
+                zmax = max(zmax, _z(est, truth.q(r, origin), t))
+                n_rates += 1
+    out.append(Check.of("calibration.synthetic_rate_recovery", 4.5 - zmax,
+                        f"{n_rates} rates fitted on {len(recs)} simulated steps: max |z| = {zmax:.2f} <= 4.5"))
+    cmp_ = compare_tau(recs, fit, "synthetic")
+    out.append(Check.of("calibration.synthetic_tau", 0.02 - abs(cmp_.error),
+                        f"tau predicted {cmp_.tau_predicted:.3f} vs simulated {cmp_.tau_measured:.3f} "
+                        f"({100 * cmp_.error:+.2f}%, tolerance 2%)"))
+    points = [("synthetic", cmp_.tau_measured, cmp_.tau_predicted)]
+    if records:
+        for name, cal in calibration_report(records).items():
+            own, pooled = cal.own, cal.pooled
+            out.append(Check.of(
+                f"calibration.tau[{name}]", tau_tol - abs(own.error),
+                f"measured {own.tau_measured:.3f}, predicted {own.tau_predicted:.3f} ({100 * own.error:+.1f}%), "
+                f"pooled fit {pooled.tau_predicted:.3f} ({100 * pooled.error:+.1f}%); {own.requests} requests, "
+                f"{own.steps} steps; tolerance {100 * tau_tol:.0f}%",
+            ))
+            points.append((name, own.tau_measured, own.tau_predicted))
+        report.plots["tau_title"] = "predicted vs measured tau per dataset (own fit; synthetic = estimator self-check)"
+    else:
+        out.append(Check("calibration.real_runs", "skipped", None, "skipped: no records (--records PATH)"))
+        report.plots["tau_title"] = "predicted vs measured tau (synthetic records only: no --records given)"
+    report.plots["tau"] = points
+    return out
+
+
+def _z(est: float, true: float, trials: int) -> float:
+    se = math.sqrt(max(true * (1 - true), 1e-12) / trials)
+    return abs(est - true) / se
+
+
+# ---------------------------------------------------------------------------------------------
+def run_all(records: Sequence[Record] | None = None, seed: int = 0, tau_tol: float = 0.10) -> Report:
+    rng = np.random.default_rng(seed)
+    report = Report()
+    report.checks += check_model(rng)
+    report.checks += check_optimal(rng)
+    report.checks += check_prop2(rng, report)
+    report.checks += check_prop3(report, seed)
+    report.checks += check_prop4(rng, records)
+    report.checks += check_calibration(rng, records, report, tau_tol)
+    return report
