@@ -122,9 +122,9 @@ class Recorder:
 
     ``goose.register_plugin(Recorder("gsm8k"))`` before ``generate``; ``recorder.records`` then
     holds one record per step, one request per ``generate`` call. ``StepRecord.committed`` is
-    the cycle's tokens before the stop/length cut (the loop cuts when it commits, after the hook),
-    so at the end of each generation the last step's ``committed`` is set from the output's
-    ``generated_tokens``: the records then reproduce ``Stats.tau`` exactly.
+    already cut at a stop token and at ``max_new_tokens``; at the end of each generation the last
+    step's count is re-derived from the output's ``generated_tokens`` as a guard, so the records
+    reproduce ``Stats.tau`` exactly.
     """
 
     def __init__(self, dataset: str = "default") -> None:
