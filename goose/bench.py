@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from goose.hookspecs import hookimpl
+
 CONTEXT_ORIGINS = ("spine", "pld", "pld-latest", "context")
 RECYCLE_ORIGINS = ("branch", "root-branch", "tr", "tr-original")
 
@@ -220,7 +222,8 @@ def add_parser(sub) -> None:
     b.add_argument("--warmup", type=int, default=1, help="untimed runs of each method before timing")
     b.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (median kept)")
     b.add_argument("--no-gap", action="store_true", help="skip the top-2 logit gap at mismatches")
-    b.add_argument("--out", default=None, help="folder for results.json and results.md (default: none)")
+    b.add_argument("--out", default="goose-bench", help="folder for results.json, results.md and the PNG plots")
+    b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     b.set_defaults(func=run)
 
 
@@ -259,28 +262,33 @@ def run(args) -> int:
         for _ in range(args.warmup):
             for m in methods:
                 runners[m].run(ids)
+    catcher = _TreeCatcher(runners)
+    goose.register_plugin(catcher, name="goose-bench-tree-catcher")
     runs: list[Run] = []
     mismatches = []
-    t_start = time.time()
-    for k, p in enumerate(prompts):
-        ids = encode(p.text)
-        for m in methods:
-            _progress(k, len(prompts), p, m, t_start)
-            times, toks, st = [], None, {}
-            for _ in range(max(1, args.repeats)):
-                toks, dt, st = runners[m].run(ids)
-                times.append(dt)
-            spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
-            st["time_spread"] = spread
-            runs.append(Run(p.dataset, p.id, m, toks, statistics.median(times), st.get("forward_passes"), st))
-        ref = runs[-len(methods)].tokens
-        for r in runs[-len(methods) + 1 :]:
-            pos = first_mismatch(r.tokens, ref)
-            if pos is not None:
-                gap = None
-                if not args.no_gap and pos < len(ref):
-                    gap = top2_gap(model, ids, ref, pos)
-                mismatches.append({"dataset": p.dataset, "prompt_id": p.id, "method": r.method, "position": pos, "top2_gap": gap})
+    try:
+        t_start = time.time()
+        for k, p in enumerate(prompts):
+            ids = encode(p.text)
+            for m in methods:
+                _progress(k, len(prompts), p, m, t_start)
+                times, toks, st = [], None, {}
+                for _ in range(max(1, args.repeats)):
+                    toks, dt, st = runners[m].run(ids)
+                    times.append(dt)
+                spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
+                st["time_spread"] = spread
+                runs.append(Run(p.dataset, p.id, m, toks, statistics.median(times), st.get("forward_passes"), st))
+            ref = runs[-len(methods)].tokens
+            for r in runs[-len(methods) + 1 :]:
+                pos = first_mismatch(r.tokens, ref)
+                if pos is not None:
+                    gap = None
+                    if not args.no_gap and pos < len(ref):
+                        gap = top2_gap(model, ids, ref, pos)
+                    mismatches.append({"dataset": p.dataset, "prompt_id": p.id, "method": r.method, "position": pos, "top2_gap": gap})
+    finally:
+        goose.unregister_plugin("goose-bench-tree-catcher")
     print(file=sys.stderr)
     rows = summarize(runs, methods)
     md = table(rows)
@@ -326,7 +334,32 @@ def run(args) -> int:
         )
         (out / "results.md").write_text(md + "\n")
         print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
+        if not args.no_plots:
+            from goose.plots import bench_plots
+
+            pngs = bench_plots(rows, out, catcher.best)
+            if pngs:
+                print("Plots: " + ", ".join(str(x) for x in pngs))
+            else:
+                print("Plots skipped: matplotlib is not installed (pip install 'goose-spec[plots]')")
     return 0
+
+
+class _TreeCatcher:
+    """Keeps one verified tree worth drawing: the most accepted tokens among the largest trees."""
+
+    def __init__(self, runners):
+        self.decoders = {id(r.decoder) for r in runners.values() if r.decoder is not None}
+        self.best = None
+        self.key = (-1, -1)
+
+    @hookimpl
+    def goose_on_step(self, decoder, step):
+        if id(decoder) not in self.decoders or step.tree.num_nodes < 3:
+            return
+        key = (min(step.tree.num_nodes, 40) * (1 + len(step.verified.path)), step.tree.num_nodes)
+        if key > self.key:
+            self.key, self.best = key, step
 
 
 def _progress(k, n, p, m, t0) -> None:

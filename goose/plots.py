@@ -1,0 +1,125 @@
+"""PNG plots for ``goose bench`` (matplotlib, Agg backend; optional dependency ``goose-spec[plots]``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def bench_plots(rows: list[dict], out: Path, tree_step=None) -> list[Path]:
+    """speedup and tau per dataset and method; acceptance by source; one drawn tree. Returns paths."""
+    plt = _plt()
+    if plt is None:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    datasets = [d for d in dict.fromkeys(r["dataset"] for r in rows) if d != "ALL"] + ["ALL"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["dataset"], r["method"]): r for r in rows}
+    for key, label, fname in [
+        ("speedup_pooled", "speedup over greedy (pooled)", "speedup.png"),
+        ("speedup_median", "speedup over greedy (median per prompt)", "speedup_median.png"),
+        ("tau", "tau (tokens per forward pass)", "tau.png"),
+    ]:
+        ms = [m for m in methods if any(by.get((d, m), {}).get(key) is not None for d in datasets)]
+        if not ms:
+            continue
+        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(datasets) * max(1, len(ms)) / 3), 4))
+        width = 0.8 / len(ms)
+        for j, m in enumerate(ms):
+            vals = [by.get((d, m), {}).get(key) or 0.0 for d in datasets]
+            xs = [i + j * width for i in range(len(datasets))]
+            ax.bar(xs, vals, width, label=m)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets, rotation=20)
+        if key.startswith("speedup"):
+            ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8, ncol=min(4, len(ms)))
+        fig.tight_layout()
+        p = out / fname
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    # acceptance by source
+    ms = [m for m in methods if by.get(("ALL", m), {}).get("per_source")]
+    if ms:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        origins = sorted({o for m in ms for o in by[("ALL", m)]["per_source"]})
+        width = 0.8 / len(origins)
+        for j, o in enumerate(origins):
+            vals = []
+            for m in ms:
+                d = by[("ALL", m)]["per_source"].get(o, {})
+                vals.append(d.get("accepted", 0) / d["drafted"] if d.get("drafted") else 0.0)
+            ax.bar([i + j * width for i in range(len(ms))], vals, width, label=o)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(ms))], ms, rotation=20)
+        ax.set_ylabel("accepted / drafted nodes")
+        ax.set_title("acceptance by origin (all datasets)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = out / "acceptance.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    if tree_step is not None:
+        p = out / "tree.png"
+        draw_tree(tree_step.tree, tree_step.verified.path, p, title=f"step {tree_step.step}: route {tree_step.tree.route}")
+        paths.append(p)
+    return paths
+
+
+COLORS = {"root": "#444444", "spine": "#1f77b4", "pld": "#1f77b4", "branch": "#ff7f0e", "root-branch": "#2ca02c"}
+
+
+def draw_tree(tree, path, file: Path, title: str = "") -> None:
+    """Depth on x, one row per leaf on y; the accepted path in red."""
+    plt = _plt()
+    if plt is None:
+        return
+    n = tree.num_nodes
+    y = [0.0] * n
+    leaf_row = [0]
+
+    def place(i):
+        ch = tree.children[i]
+        if not ch:
+            y[i] = leaf_row[0]
+            leaf_row[0] += 1
+            return
+        for c in ch:
+            place(c)
+        y[i] = sum(y[c] for c in ch) / len(ch)
+
+    import sys
+
+    sys.setrecursionlimit(max(1000, 4 * n))
+    place(0)
+    acc = set(path)
+    fig, ax = plt.subplots(figsize=(min(16, 3 + 0.4 * max(tree.depths)), min(12, max(3.5, 1 + 0.18 * leaf_row[0]))))
+    for i in range(1, n):
+        p = tree.parents[i]
+        on = i in acc and p in acc
+        ax.plot([tree.depths[p], tree.depths[i]], [y[p], y[i]], color="red" if on else "#bbbbbb", lw=2 if on else 0.7, zorder=1)
+    for i in range(n):
+        ax.scatter(tree.depths[i], y[i], s=28 if i in acc else 14, color=COLORS.get(tree.origins[i], "#9467bd"),
+                   edgecolors="red" if i in acc else "none", zorder=2)
+    for o, c in COLORS.items():
+        ax.scatter([], [], color=c, label=o)
+    ax.plot([], [], color="red", label="accepted path")
+    ax.set_xlabel("depth")
+    ax.set_yticks([])
+    ax.set_title(title or f"draft tree: {n} nodes, accepted {len(path) - 1}")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(file, dpi=110)
+    plt.close(fig)
