@@ -1,1 +1,187 @@
-"""(being written)"""
+"""Token recycling: an adjacency table of the successors the target itself predicted.
+
+Every forward pass of the target scores a next-token distribution at every position it
+processed: each prompt position in the prefill, every node of a draft tree (accepted or not).
+The source ``tr`` keeps, for each token, the top-K tokens the target predicted after it, and
+serves them back through :meth:`DraftSource.successors`; tree policies grow branches from them.
+
+Two tiers (section 5 of docs/goose-algorithm.md):
+
+- **unigram**: ``[vocab, K]`` successor ids (-1 where unknown) and ``[vocab, K]`` scores, the
+  softmax over those K logits only (0 where unknown). Exposed as tensors (:attr:`TokenTable.ids`,
+  :attr:`TokenTable.scores`).
+- **bigram**: ``(previous token, token) -> top-K``, consulted first (option ``bigram``).
+
+The harvest after each pass is vectorised: one ``topk`` over the ``[n, vocab]`` logits, one
+softmax over ``[n, K]``, one indexed write per tensor. Last write wins: when a token occurs at
+several positions of one pass, its row holds the statistics of the **last** of them (the
+positions are deduplicated before the indexed write, because an indexed write with repeated
+indices leaves the winner unspecified). The rows are also kept as Python lists, keyed by token,
+so that :meth:`successors` (called tens of times per step by a tree policy) is a dict lookup
+rather than a tensor read and a ``tolist`` (about 0.1 us instead of 10 us per call).
+
+``propose`` returns None: this source drafts only through ``successors``; use it with a tree
+policy (``spine``, ``iso3``, ``tr-tree``). With the ``chain`` or ``proposal`` policy and no other
+source, every step is an ordinary decoding step.
+
+Ablations of the paper map to options: "no bigram" = ``bigram=False``, "no prefill harvest" =
+``prefill_harvest=False``. ``tr-original`` is the original Token Recycling configuration: K = 8,
+no bigram tier, the table kept warm across requests (use it with the ``tr-tree`` policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from pydantic import Field
+
+from goose.hookspecs import hookimpl
+from goose.interfaces import DraftSource, DraftState, Options, Proposal, Request, Verified
+
+_EMPTY: tuple[tuple[int, ...], tuple[float, ...]] = ((), ())
+
+
+class TROptions(Options):
+    k: int = Field(10, ge=1, le=256, description="successors kept per token (top-K of the target's logits)")
+    bigram: bool = Field(
+        True, description="keep a (previous token, token) tier, consulted before the per-token row"
+    )
+    prefill_harvest: bool = Field(
+        True, description="seed the table from the prompt's prefill logits (off: decoding passes only)"
+    )
+    warm: bool = Field(
+        False,
+        description="keep the table across generate() calls of one decoder (off: a new table per "
+        "request, as in the GOOSE reference; the original Token Recycling keeps it)",
+    )
+    min_score: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="successors() drops entries scoring below this (tree policies apply their own "
+        "threshold too; 0 keeps all K)",
+    )
+
+
+class TokenTable:
+    """The adjacency table: unigram tensors plus their list mirror, and the bigram dict."""
+
+    __slots__ = ("vocab_size", "k", "ids", "scores", "rows", "bigram")
+
+    def __init__(self, vocab_size: int, k: int):
+        self.vocab_size = vocab_size
+        self.k = k
+        self.ids = torch.full((vocab_size, k), -1, dtype=torch.long)  # [vocab, K] successor ids
+        self.scores = torch.zeros((vocab_size, k), dtype=torch.float32)  # [vocab, K] softmax over the K
+        self.rows: dict[int, tuple[list[int], list[float]]] = {}  # token -> unigram row (no -1)
+        self.bigram: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
+
+    def harvest(self, tokens: Sequence[int], preds: Sequence[int], logits: torch.Tensor, bigram: bool) -> None:
+        """Write the top-K of each position's logits into the rows of its token (and bigram)."""
+        n = len(tokens)
+        if n == 0:
+            return
+        k = min(self.k, self.vocab_size)
+        vals, idx = torch.topk(logits[:n, : self.vocab_size], k, dim=-1)  # [n, k]
+        probs = torch.softmax(vals.float(), dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0, posinf=1.0, neginf=0.0)
+        idx_l = idx.tolist()
+        prob_l = probs.tolist()
+        last: dict[int, int] = {}  # token -> last position holding it
+        rows = self.rows
+        for i, t in enumerate(tokens):
+            last[t] = i
+            rows[t] = (idx_l[i], prob_l[i])
+        if bigram:
+            table = self.bigram
+            for i, p in enumerate(preds):
+                if p >= 0:
+                    table[(p, tokens[i])] = (idx_l[i], prob_l[i])
+        keep = torch.tensor(list(last.values()), dtype=torch.long)
+        dest = torch.tensor(list(last.keys()), dtype=torch.long)
+        self.ids[dest, :k] = idx.index_select(0, keep.to(idx.device)).cpu()
+        self.scores[dest, :k] = probs.index_select(0, keep.to(probs.device)).cpu()
+
+
+class TRSource(DraftSource):
+    """Token recycling: top-K successors the target predicted, with a bigram tier (successors only)."""
+
+    name = "tr"
+    Options = TROptions
+    provides_successors = True
+
+    def __init__(self, options: TROptions | None = None):
+        super().__init__(options)
+        self.table: TokenTable | None = None
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self.lookups = 0
+        self.bigram_hits = 0
+        self.harvested = 0
+
+    def begin(self, request: Request) -> None:
+        o = self.options
+        t = self.table
+        if not o.warm or t is None or t.vocab_size != request.vocab_size:
+            self.table = TokenTable(request.vocab_size, o.k)
+        self._reset_counters()
+
+    def propose(self, state: DraftState) -> Proposal | None:
+        return None  # drafts through successors(); see the module docstring
+
+    def observe(self, verified: Verified) -> None:
+        o = self.options
+        if verified.kind == "prefill" and not o.prefill_harvest:
+            return
+        if self.table is None:  # used without begin(): size the table from the logits
+            self.table = TokenTable(int(verified.logits.shape[-1]), o.k)
+        tokens = verified.tokens.tolist()
+        preds = verified.predecessors.tolist() if o.bigram else ()
+        self.table.harvest(tokens, preds, verified.logits, o.bigram)
+        self.harvested += len(tokens)
+
+    def successors(self, token: int, prev: int | None) -> tuple[Sequence[int], Sequence[float]]:
+        t = self.table
+        if t is None:
+            return _EMPTY
+        self.lookups += 1
+        row = None
+        if prev is not None and self.options.bigram:
+            row = t.bigram.get((prev, token))
+            if row is not None:
+                self.bigram_hits += 1
+        if row is None:
+            row = t.rows.get(token)
+            if row is None:
+                return _EMPTY
+        ms = self.options.min_score
+        if ms > 0.0:
+            ids, scores = row
+            n = 0
+            while n < len(scores) and scores[n] >= ms:
+                n += 1
+            return ids[:n], scores[:n]
+        return row
+
+    def stats(self) -> dict:
+        t = self.table
+        return {
+            "harvested_positions": self.harvested,
+            "lookups": self.lookups,
+            "bigram_hit_rate": self.bigram_hits / self.lookups if self.lookups else 0.0,
+            "tokens_known": len(t.rows) if t is not None else 0,
+            "bigram_entries": len(t.bigram) if t is not None else 0,
+        }
+
+
+@hookimpl(trylast=True)
+def goose_register_sources(register) -> None:
+    register(TRSource)
+    register(
+        TRSource,
+        name="tr-original",
+        defaults={"k": 8, "bigram": False, "warm": True},
+        description="Token Recycling as published: K = 8, no bigram tier, table kept across requests",
+    )

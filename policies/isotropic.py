@@ -1,1 +1,233 @@
-"""(being written)"""
+"""Balanced trees: the isotropic control of the GOOSE paper, and Token Recycling's static tree.
+
+``isotropic`` (presets ``iso3``, ``iso5``): the paper's baseline, with the same sources, budget
+and routes as the spine policy but no spine. The tree grows breadth-first from the root; every
+node gets up to ``k`` children, its candidate tokens in order: the context-match continuation
+first when the node lies on the chain of the spine source (``pld``), then the successor-table
+tokens (``tr``) scoring at least ``min_score``, deduplicated; until the budget (nodes, root
+included; ``B + int(confidence * 40)`` as for the spine) is used or depth ``max_depth`` (6).
+Chain tokens have origin ``"spine"``, successor tokens ``"root-branch"`` under the root and
+``"branch"`` deeper. Routes as for the spine: the table knows the anchor -> the tree (route
+``"iso"``); else a chain -> the chain alone (``"chain"``); else None.
+
+``tr-tree``: Token Recycling alone, the original fixed tree of 80 draft nodes with level widths
+8/21/25/15/8/3 at depths 1..6 (81 nodes with the root), filled from ``successors`` and cut to
+the budget (pass ``budget=81`` for the whole tree). The TR paper's per-node layout is not
+available, so the shape is derived deterministically: a slot is (parent slot, rank r) and
+carries the prior ``prod 1/(r+1)`` over its path (the rank-r successor is assumed to be right
+with probability proportional to 1/(r+1)); each level keeps the ``width`` slots of largest prior
+(ties: earlier parent, then lower rank), with ranks below ``k`` (8, the original K). Within a
+level, slots are laid out by decreasing prior, so a budget cut drops the least likely ones.
+Root children have origin ``"root-branch"``, deeper nodes ``"branch"``; route ``"tr"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+from pydantic import Field, field_validator
+
+from goose.errors import InvalidInputError
+from goose.hookspecs import hookimpl
+from goose.interfaces import DraftContext, DraftSource, Options, TreePolicy
+from goose.policies.spine import (
+    BRANCH,
+    ROOT_BRANCH,
+    SPINE,
+    chain_and_confidence,
+    require_some_source,
+    resolve_spine_source,
+)
+from goose.tree import ROOT, DraftTree
+
+
+class IsotropicOptions(Options):
+    k: int = Field(3, ge=1, le=64, description="children per node")
+    max_depth: int = Field(6, ge=1, description="deepest node depth")
+    spine_source: str | None = Field(
+        None, description="source whose chain continues first at chain nodes; None: the first non-successor source"
+    )
+    confidence: bool = Field(
+        True, description="budget + int(confidence * extension), as the spine policy (off: base budget)"
+    )
+    extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use")
+    min_score: float = Field(0.01, ge=0.0, lt=1.0, description="successors scoring below this are not drafted")
+
+
+class IsotropicPolicy(TreePolicy):
+    """Balanced k-ary tree over the same sources and budget as the spine tree, no spine."""
+
+    name = "isotropic"
+    Options = IsotropicOptions
+
+    def __init__(self, options: IsotropicOptions | None = None):
+        super().__init__(options)
+        self._spine: str | None = None
+        self._bound = False
+
+    def bind(self, sources: Sequence[DraftSource]) -> None:
+        require_some_source(self.name, sources)
+        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
+        self._bound = True
+
+    def max_nodes(self, budget: int) -> int:
+        return budget + (self.options.extension if self.options.confidence else 0)
+
+    def shape(self, ctx: DraftContext) -> DraftTree | None:
+        if not self._bound:
+            self.bind(ctx.sources)
+        o = self.options
+        st = ctx.state
+        anchor = st.anchor
+        chain, conf = chain_and_confidence(ctx, self._spine, o.confidence)
+        budget = ctx.budget + int(conf * o.extension)
+        root_ids, root_scores, _ = ctx.successors(anchor, st.prev_anchor)
+        if not len(root_ids):
+            n = min(len(chain), budget - 1, st.max_depth)
+            if n <= 0:
+                return None
+            return DraftTree.from_chain(anchor, chain[:n], SPINE, route="chain")
+
+        k, min_score, nchain = o.k, o.min_score, len(chain)
+        maxd = min(o.max_depth, st.max_depth)
+        tokens = [anchor]
+        parents = [-1]
+        origins = [ROOT]
+        depths = [0]
+        on_chain = [-1]  # index into chain of the node's token; -1 for the root, -2 off the chain
+        i = 0
+        while i < len(tokens) and len(tokens) < budget:
+            d = depths[i]
+            if d >= maxd:
+                break  # breadth-first: every later node is at least as deep
+            if i == 0:
+                ids, scores = root_ids, root_scores
+                label = ROOT_BRANCH
+            else:
+                ids, scores, _ = ctx.successors(tokens[i], tokens[parents[i]])
+                label = BRANCH
+            seen = set()
+            c = on_chain[i]
+            if c >= -1 and c + 1 < nchain:
+                t = chain[c + 1]
+                seen.add(t)
+                tokens.append(t)
+                parents.append(i)
+                origins.append(SPINE)
+                depths.append(d + 1)
+                on_chain.append(c + 1)
+            for t, s in zip(ids, scores):
+                if len(seen) >= k or len(tokens) >= budget or s < min_score:
+                    break
+                if t in seen:
+                    continue
+                seen.add(t)
+                tokens.append(t)
+                parents.append(i)
+                origins.append(label)
+                depths.append(d + 1)
+                on_chain.append(-2)
+            i += 1
+        if len(tokens) < 2:
+            return None
+        return DraftTree.build(tokens, parents, origins, None, "iso")
+
+
+# ---------------------------------------------------------------------------------------------
+# Token Recycling's static tree
+# ---------------------------------------------------------------------------------------------
+class TRTreeOptions(Options):
+    widths: tuple[int, ...] = Field(
+        (8, 21, 25, 15, 8, 3), description="nodes per level at depths 1, 2, ... (Token Recycling: 80 nodes)"
+    )
+    k: int = Field(8, ge=1, le=64, description="successor ranks a parent may use (the original K = 8)")
+    min_score: float = Field(0.0, ge=0.0, lt=1.0, description="drop slots whose successor scores below this")
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v):
+        if not v or any(w < 1 for w in v):
+            raise ValueError(f"widths must be positive node counts per level, got {v}; e.g. (8, 21, 25, 15, 8, 3)")
+        return v
+
+
+@lru_cache(maxsize=64)
+def static_tree(widths: tuple[int, ...], k: int) -> tuple[tuple[int, int, int], ...]:
+    """The static shape: slots ``(parent slot, rank, depth)`` in layout order (slot 0 is the root).
+
+    Level by level, the ``widths[d-1]`` children (parent, rank < k) of largest prior
+    ``prod 1/(rank+1)`` (compared exactly, as integer denominators); ties: earlier parent slot,
+    then lower rank. Within a level the slots are laid out by decreasing prior.
+    """
+    slots: list[tuple[int, int, int]] = []
+    level = [(1, 0)]  # (denominator of the prior, slot)
+    for depth, width in enumerate(widths, start=1):
+        cands = sorted((den * (r + 1), p, r) for den, p in level for r in range(k))[:width]
+        level = []
+        for den, p, r in cands:
+            slots.append((p, r, depth))
+            level.append((den, len(slots)))
+    return tuple(slots)
+
+
+class TRTreePolicy(TreePolicy):
+    """Token Recycling's fixed 80-node tree (levels 8/21/25/15/8/3), filled from the successor table."""
+
+    name = "tr-tree"
+    Options = TRTreeOptions
+
+    def __init__(self, options: TRTreeOptions | None = None):
+        super().__init__(options)
+        self.slots = static_tree(tuple(self.options.widths), self.options.k)
+
+    def bind(self, sources: Sequence[DraftSource]) -> None:
+        if not any(s.provides_successors for s in sources):
+            raise InvalidInputError(
+                f"policy {self.name!r} fills its tree from a successor table, but none of the sources "
+                f"{[s.name for s in sources]} provides successors. Hint: sources=['tr'] (or 'tr-original')."
+            )
+
+    def shape(self, ctx: DraftContext) -> DraftTree | None:
+        st = ctx.state
+        root_ids, root_scores, _ = ctx.successors(st.anchor, st.prev_anchor)
+        if not len(root_ids):
+            return None
+        budget, depth_cap, min_score = ctx.budget, st.max_depth, self.options.min_score
+        tokens = [st.anchor]
+        parents = [-1]
+        origins = [ROOT]
+        node_of = [0]  # slot -> node index, -1 when the slot is empty
+        rows = {0: (root_ids, root_scores, set())}
+        for p, r, depth in self.slots:
+            if len(tokens) >= budget or depth > depth_cap:
+                break
+            pn = node_of[p]
+            if pn < 0:
+                node_of.append(-1)
+                continue
+            row = rows.get(pn)
+            if row is None:
+                ids, scores, _ = ctx.successors(tokens[pn], tokens[parents[pn]])
+                row = rows[pn] = (ids, scores, set())
+            ids, scores, used = row
+            if r >= len(ids) or scores[r] < min_score or ids[r] in used:
+                node_of.append(-1)
+                continue
+            t = ids[r]
+            used.add(t)
+            node_of.append(len(tokens))
+            tokens.append(t)
+            parents.append(pn)
+            origins.append(ROOT_BRANCH if pn == 0 else BRANCH)
+        if len(tokens) < 2:
+            return None
+        return DraftTree.build(tokens, parents, origins, None, "tr")
+
+
+@hookimpl(trylast=True)
+def goose_register_policies(register) -> None:
+    register(IsotropicPolicy)
+    register(IsotropicPolicy, name="iso3", defaults={"k": 3}, description="Isotropic control, 3 children per node")
+    register(IsotropicPolicy, name="iso5", defaults={"k": 5}, description="Isotropic control, 5 children per node")
+    register(TRTreePolicy)

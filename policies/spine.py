@@ -1,1 +1,525 @@
-"""(being written)"""
+"""The anisotropic spine tree (GOOSE, section 6 of docs/goose-algorithm.md) and the bypass.
+
+A deep **spine** of context-matched tokens (the chain of a chain-proposing source, ``pld`` by
+default) hangs under the root; wide, shallow **branches** of successor-table tokens (``tr``)
+hang off the root and the spine nodes, their widths decaying harmonically along the spine, and
+grow breadth-first from there. Per cycle (routes of section 3):
+
+- the successor table knows the anchor -> a spine tree, route ``"spine"`` (a pure branch tree
+  when there is no chain);
+- else there is a chain -> the chain alone, route ``"chain"`` (cut to the tree budget);
+- else None: an ordinary decoding step. A tree of fewer than 2 nodes is None too.
+
+Registered policies:
+
+- ``spine-tree``: the raw builder above, with the confidence signal (budget extension, spine
+  ratio shift, chain extension) on.
+- ``spine``: the paper's configuration: ``bypass`` wrapping ``spine-tree``. Use it as
+  ``goose.compose(model, tok, sources=["pld", "tr"], policy="spine")``.
+- ``bypass``: confidence-adaptive bypass around any policy (option ``inner``, default
+  ``spine-tree``): on a consensus match (confidence 1.0) whose extended chain alone fills the
+  largest tree the inner policy may build, verify that chain as one plain chain (route
+  ``"bypass"``, origin ``"spine"``, up to ``max_chain`` tokens) instead of a tree.
+- Ablations (Table 2 of the paper): ``spine-nobypass`` (confidence off: base budget, no chain
+  extension, no bypass), ``spine-nobranch`` (no branches on the spine nodes; root branches and
+  their extension stay). "No bigram" and "no prefill harvest" are options of the ``tr`` source
+  (``bigram=False``, ``prefill_harvest=False``); "no context match" is ``sources=["tr"]``.
+
+Node origins: ``"spine"`` (chain tokens), ``"root-branch"`` (successor tokens under the root),
+``"branch"`` (successor tokens under spine nodes and deeper).
+
+Sources: the spine comes from ``spine_source`` (default: the first bound source that does not
+provide successors, e.g. ``pld``); branches from every successor-providing source (first that
+knows a token wins, see :meth:`goose.DraftContext.successors`). With only a chain source the
+policy degrades to the chain route (plain PLD); with only a successor source, to pure branch
+trees. With neither, ``bind`` refuses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from goose.errors import InvalidInputError
+from goose.hookspecs import hookimpl
+from goose.interfaces import DraftContext, DraftSource, Options, Proposal, Request, TreePolicy, Verified
+from goose.tree import ROOT, DraftTree
+
+SPINE = "spine"
+BRANCH = "branch"
+ROOT_BRANCH = "root-branch"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared with the isotropic policies
+# ---------------------------------------------------------------------------------------------
+def resolve_spine_source(policy: str, wanted: str | None, sources: Sequence[DraftSource]) -> str | None:
+    """The name of the source whose chain forms the spine, or None when there is none.
+
+    ``wanted`` names it explicitly (it must be bound); None picks the first source that does not
+    provide successors.
+    """
+    names = [s.name for s in sources]
+    if wanted is not None:
+        if wanted not in names:
+            raise InvalidInputError(
+                f"policy {policy!r}: spine_source={wanted!r} is not among the decoder's sources "
+                f"{names}. Hint: add it to sources=[...] or set spine_source=None to use the first "
+                "chain source."
+            )
+        return wanted
+    for s in sources:
+        if not s.provides_successors:
+            return s.name
+    return None
+
+
+def require_some_source(policy: str, sources: Sequence[DraftSource]) -> None:
+    if not sources:
+        raise InvalidInputError(
+            f"policy {policy!r} needs at least one draft source: a chain source (e.g. 'pld') for the "
+            "spine and/or a successor source (e.g. 'tr') for the branches; got sources=[]. "
+            "Hint: sources=['pld', 'tr']."
+        )
+
+
+def first_chain(prop: Proposal) -> tuple[int, ...]:
+    """A proposal's tokens as one chain: itself if it is a chain, else its first root-to-leaf path."""
+    parents = prop.parents
+    n = len(parents)
+    if n == 0 or parents[-1] == n - 2 and prop.is_chain:
+        return prop.tokens
+    out, node = [], -1
+    for i, p in enumerate(parents):
+        if p == node:
+            out.append(prop.tokens[i])
+            node = i
+    return tuple(out)
+
+
+def chain_and_confidence(ctx: DraftContext, name: str | None, use_confidence: bool) -> tuple[Sequence[int], float]:
+    """The spine source's chain and confidence this step; without confidence, the unextended chain and 0."""
+    if name is None:
+        return (), 0.0
+    prop = ctx.proposal(name)
+    if prop is None or not len(prop):
+        return (), 0.0
+    chain = first_chain(prop)
+    if not use_confidence:
+        base = prop.info.get("match_len") if prop.info else None
+        return (chain[:base] if isinstance(base, int) else chain), 0.0
+    conf = prop.confidence
+    return chain, (0.0 if conf < 0.0 else 1.0 if conf > 1.0 else conf)
+
+
+@lru_cache(maxsize=4096)
+def harmonic_split(share: int, positions: int) -> tuple[int, ...]:
+    """Split ``share`` branch nodes over ``positions`` spine nodes with weights 1/(j+1).
+
+    Each position gets ``max(1, int(share * w_j / sum w))`` until the share runs out; the result
+    never increases with j and sums to at most ``share``.
+    """
+    if positions <= 0:
+        return ()
+    total = sum(1.0 / (j + 1) for j in range(positions))
+    out, left = [], share
+    for j in range(positions):
+        if left <= 0:
+            out.append(0)
+            continue
+        a = min(max(1, int(share * (1.0 / (j + 1)) / total)), left)
+        out.append(a)
+        left -= a
+    return tuple(out)
+
+
+def spine_ratio(ema: float, tiers: Sequence[float], cutoffs: Sequence[float]) -> float:
+    """The spine share tier for a spine acceptance estimate."""
+    if ema < cutoffs[0]:
+        return tiers[0]
+    if ema < cutoffs[1]:
+        return tiers[1]
+    return tiers[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# The raw spine tree builder
+# ---------------------------------------------------------------------------------------------
+class SpineOptions(Options):
+    spine_source: str | None = Field(
+        None, description="source whose chain forms the spine; None: the first non-successor source (pld)"
+    )
+    confidence: bool = Field(
+        True,
+        description="use the chain's confidence: budget + int(confidence * extension), spine ratio "
+        "shift and chain extension (off: base budget, the unextended match, no bypass)",
+    )
+    extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use")
+    tiers: tuple[float, float, float] = Field(
+        (0.15, 0.30, 0.50), description="base spine share of the budget at low / medium / high spine acceptance"
+    )
+    tier_cutoffs: tuple[float, float] = Field((0.2, 0.4), description="EMA cut-offs between the tiers")
+    ema_init: float = Field(0.5, ge=0.0, le=1.0, description="initial spine acceptance estimate per request")
+    ema_weight: float = Field(0.3, ge=0.0, le=1.0, description="weight of the newest cycle in the EMA")
+    spine_branch_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of the branch budget hung off spine nodes (rest: the root)"
+    )
+    spine_branches: bool = Field(True, description="hang branches off spine nodes (off: the nobranch ablation)")
+    min_score: float = Field(0.01, ge=0.0, lt=1.0, description="successors scoring below this are not drafted")
+    max_branch_depth: int = Field(6, ge=1, description="branches are extended only while shallower than this")
+    top_k: int = Field(10, ge=1, description="K of the BFS width cap max(1, K // depth)")
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, v):
+        if not all(0.0 <= t <= 1.0 for t in v):
+            raise ValueError(f"tiers are shares of the budget in [0, 1], got {v}")
+        return v
+
+    @field_validator("tier_cutoffs")
+    @classmethod
+    def _cutoffs(cls, v):
+        if not (0.0 <= v[0] <= v[1] <= 1.0):
+            raise ValueError(f"tier_cutoffs must satisfy 0 <= low <= high <= 1, got {v}")
+        return v
+
+
+class SpinePolicy(TreePolicy):
+    """The anisotropic spine tree: a PLD spine with harmonically decaying TR branches (no bypass)."""
+
+    name = "spine-tree"
+    Options = SpineOptions
+
+    def __init__(self, options: SpineOptions | None = None):
+        super().__init__(options)
+        self._spine: str | None = None
+        self._bound = False
+        self.begin(None)
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def bind(self, sources: Sequence[DraftSource]) -> None:
+        require_some_source(self.name, sources)
+        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
+        self._bound = True
+
+    def max_nodes(self, budget: int) -> int:
+        return budget + (self.options.extension if self.options.confidence else 0)
+
+    def begin(self, request: Request | None) -> None:
+        self.ema = self.options.ema_init
+        self.routes: Counter = Counter()
+        self.counts: Counter = Counter()
+
+    # -- shaping ---------------------------------------------------------------------------------
+    def shape(self, ctx: DraftContext) -> DraftTree | None:
+        if not self._bound:
+            self.bind(ctx.sources)
+        o = self.options
+        st = ctx.state
+        anchor = st.anchor
+        chain, conf = chain_and_confidence(ctx, self._spine, o.confidence)
+        budget = ctx.budget + int(conf * o.extension)
+        ids, scores, _ = ctx.successors(anchor, st.prev_anchor)
+        if not len(ids):
+            n = min(len(chain), budget - 1, st.max_depth)
+            if n <= 0:
+                return None
+            return DraftTree.from_chain(anchor, chain[:n], SPINE, route="chain")
+        return self.build(ctx, chain, conf, budget, ids, scores)
+
+    def build(
+        self,
+        ctx: DraftContext,
+        chain: Sequence[int],
+        conf: float,
+        budget: int,
+        root_ids: Sequence[int],
+        root_scores: Sequence[float],
+    ) -> DraftTree | None:
+        """Algorithm 1: spine, root branches, harmonic spine branches, BFS extension."""
+        o = self.options
+        st = ctx.state
+        depth_cap = st.max_depth
+        min_score = o.min_score
+        maxd = min(o.max_branch_depth, depth_cap)
+        ratio_base = spine_ratio(self.ema, o.tiers, o.tier_cutoffs)
+        ratio = ratio_base + conf * (1.0 - ratio_base)
+        L = max(0, min(len(chain), int(budget * ratio), budget - 1, depth_cap))
+
+        # Step 1: the spine.
+        tokens = [st.anchor, *chain[:L]]
+        parents = [-1, *range(L)]
+        origins = [ROOT, *((SPINE,) * L)]
+        depths = list(range(L + 1))
+
+        branch_budget = budget - 1 - L
+        if L > 0 and branch_budget > 0 and o.spine_branches and o.spine_branch_share > 0.0:
+            spine_share = max(1, int(branch_budget * o.spine_branch_share))
+        else:
+            spine_share = 0
+        root_share = branch_budget - spine_share
+        frontier: deque = deque()
+
+        # Step 2: alternatives to the first spine token, under the root.
+        first = chain[0] if L > 0 else -1
+        attached = 0
+        seen = {first}
+        for t, s in zip(root_ids, root_scores):
+            if attached >= root_share or s < min_score:
+                break
+            if t in seen:
+                continue
+            seen.add(t)
+            tokens.append(t)
+            parents.append(0)
+            origins.append(ROOT_BRANCH)
+            depths.append(1)
+            attached += 1
+            if 1 < maxd:
+                frontier.append((len(tokens) - 1, s))
+
+        # Step 3: alternatives at each spine node, harmonically fewer with depth.
+        if spine_share > 0:
+            alloc = harmonic_split(spine_share, L)
+            for j in range(L):
+                a = alloc[j]
+                if a <= 0 or j + 2 > depth_cap:
+                    break
+                node = j + 1
+                ids, scores, _ = ctx.successors(tokens[node], tokens[node - 1])
+                nxt = chain[j + 1] if j + 1 < L else -1
+                seen = {nxt}
+                attached = 0
+                for t, s in zip(ids, scores):
+                    if attached >= a or s < min_score:
+                        break
+                    if t in seen:
+                        continue
+                    seen.add(t)
+                    tokens.append(t)
+                    parents.append(node)
+                    origins.append(BRANCH)
+                    depths.append(j + 2)
+                    attached += 1
+                    if j + 2 < maxd:
+                        frontier.append((len(tokens) - 1, s))
+
+        # Step 4: breadth-first extension of the branch frontier.
+        remaining = budget - len(tokens)
+        k = o.top_k
+        while frontier and remaining > 0:
+            node, score = frontier.popleft()
+            d = depths[node]
+            ids, scores, _ = ctx.successors(tokens[node], tokens[parents[node]])
+            if not len(ids):
+                continue
+            width = max(1, min(len(ids), math.ceil(remaining * score)))
+            width = min(width, max(1, k // d))
+            seen = set()
+            for t, s in zip(ids[:width], scores[:width]):
+                if remaining <= 0 or s < min_score:
+                    break
+                if t in seen:
+                    continue
+                seen.add(t)
+                tokens.append(t)
+                parents.append(node)
+                origins.append(BRANCH)
+                depths.append(d + 1)
+                remaining -= 1
+                if d + 1 < maxd:
+                    frontier.append((len(tokens) - 1, s))
+
+        if len(tokens) < 2:
+            return None
+        return DraftTree.build(tokens, parents, origins, None, "spine", spine_len=L, confidence=conf)
+
+    # -- learning and reporting ------------------------------------------------------------------
+    def observe(self, verified: Verified) -> None:
+        tree = verified.tree
+        if verified.kind != "tree" or tree is None:
+            return
+        route = tree.route
+        self.routes[route] += 1
+        origins = tree.origins
+        path = verified.path
+        n_spine = origins.count(SPINE)
+        n_root = origins.count(ROOT_BRANCH)
+        n_branch = len(origins) - 1 - n_spine - n_root
+        acc_spine = acc_root = 0
+        for i in path[1:]:
+            o = origins[i]
+            if o == SPINE:
+                acc_spine += 1
+            elif o == ROOT_BRANCH:
+                acc_root += 1
+        acc_branch = len(path) - 1 - acc_spine - acc_root
+        c = self.counts
+        c["spine_drafted"] += n_spine
+        c["spine_accepted"] += acc_spine
+        c["branch_drafted"] += n_branch
+        c["branch_accepted"] += acc_branch
+        c["root_branch_drafted"] += n_root
+        c["root_branch_accepted"] += acc_root
+        if acc_spine and acc_branch:
+            # The walk followed the spine, left it where it broke, and went on along a branch.
+            c["continuation_cycles"] += 1
+            c["continuation_tokens"] += acc_branch
+        if n_spine and route in ("spine", "bypass"):
+            w = self.options.ema_weight
+            self.ema = w * (acc_spine / n_spine) + (1.0 - w) * self.ema
+
+    def stats(self) -> dict:
+        c = self.counts
+        return {
+            "routes": dict(self.routes),
+            "spine_drafted": c["spine_drafted"],
+            "spine_accepted": c["spine_accepted"],
+            "branch_drafted": c["branch_drafted"],
+            "branch_accepted": c["branch_accepted"],
+            "root_branch_drafted": c["root_branch_drafted"],
+            "root_branch_accepted": c["root_branch_accepted"],
+            "continuation_cycles": c["continuation_cycles"],
+            "continuation_tokens": c["continuation_tokens"],
+            "spine_accept_ema": self.ema,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Confidence-adaptive bypass around any policy
+# ---------------------------------------------------------------------------------------------
+class BypassOptions(Options):
+    inner: str = Field("spine-tree", description="registered policy to wrap (e.g. 'spine-tree', 'iso3')")
+    inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy")
+    spine_source: str | None = Field(
+        None, description="source whose chain may bypass the tree; None: the first non-successor source"
+    )
+    min_confidence: float = Field(
+        1.0, ge=0.0, le=1.0, description="bypass at this confidence or above (1.0: consensus)"
+    )
+    min_length: int | None = Field(
+        None,
+        ge=1,
+        description="bypass when the chain has at least this many tokens; None: when it alone fills the "
+        "largest tree the inner policy may build (inner.max_nodes(budget) - 1), as in the reference",
+    )
+    max_chain: int = Field(100, ge=1, description="longest chain a bypass verifies (the longest extended chain)")
+
+
+_NESTING = [0]
+_MAX_NESTING = 8
+
+
+class BypassPolicy(TreePolicy):
+    """Confidence-adaptive bypass: a consensus chain that fills the tree is verified as one chain."""
+
+    name = "bypass"
+    Options = BypassOptions
+
+    def __init__(self, options: BypassOptions | None = None):
+        super().__init__(options)
+        from goose.compose import _options
+        from goose.manager import get_registry
+
+        o = self.options
+        _NESTING[0] += 1
+        try:
+            if _NESTING[0] > _MAX_NESTING:
+                raise InvalidInputError(
+                    f"bypass policies nest more than {_MAX_NESTING} deep (inner={o.inner!r}); does the "
+                    "inner policy wrap itself? Hint: inner='spine-tree'."
+                )
+            entry = get_registry().get("policy", o.inner)
+            self.inner: TreePolicy = entry.cls(_options(entry, o.inner_options))
+            self.inner.name = entry.alias_of or entry.name
+        finally:
+            _NESTING[0] -= 1
+        self._spine: str | None = None
+        self._bound = False
+        self._thresholds: dict[int, int] = {}
+        self.begin(None)
+
+    def bind(self, sources: Sequence[DraftSource]) -> None:
+        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
+        self.inner.bind(sources)
+        self._bound = True
+
+    def max_nodes(self, budget: int) -> int:
+        return max(self.inner.max_nodes(budget), self.options.max_chain + 1)
+
+    def begin(self, request: Request | None) -> None:
+        self.cycles = 0
+        self.drafted = 0
+        self.accepted = 0
+        if request is not None:
+            self.inner.begin(request)
+
+    def threshold(self, budget: int) -> int:
+        t = self._thresholds.get(budget)
+        if t is None:
+            t = self.options.min_length
+            if t is None:
+                t = max(1, self.inner.max_nodes(budget) - 1)
+            self._thresholds[budget] = t
+        return t
+
+    def shape(self, ctx: DraftContext) -> DraftTree | None:
+        if not self._bound:
+            self.bind(ctx.sources)
+        name = self._spine
+        if name is not None:
+            prop = ctx.proposal(name)
+            if prop is not None and len(prop) and prop.confidence >= self.options.min_confidence:
+                chain = first_chain(prop)
+                if len(chain) >= self.threshold(ctx.budget):
+                    n = min(len(chain), self.options.max_chain, ctx.state.max_depth)
+                    if n > 0:
+                        return DraftTree.build(
+                            (ctx.state.anchor, *chain[:n]), range(-1, n), SPINE, None, "bypass", spine_len=n
+                        )
+        return self.inner.shape(ctx)
+
+    def observe(self, verified: Verified) -> None:
+        tree = verified.tree
+        if tree is not None and tree.route == "bypass":
+            self.cycles += 1
+            self.drafted += tree.num_nodes - 1
+            self.accepted += len(verified.path) - 1
+        self.inner.observe(verified)
+
+    def stats(self) -> dict:
+        return {
+            **self.inner.stats(),
+            "bypass_cycles": self.cycles,
+            "bypass_drafted": self.drafted,
+            "bypass_accepted": self.accepted,
+        }
+
+
+@hookimpl(trylast=True)
+def goose_register_policies(register) -> None:
+    register(SpinePolicy)
+    register(
+        SpinePolicy,
+        name="spine-nobypass",
+        defaults={"confidence": False},
+        description="Spine tree without the confidence signal: base budget, unextended chain, no bypass",
+    )
+    register(BypassPolicy)
+    register(
+        BypassPolicy,
+        name="spine",
+        defaults={"inner": "spine-tree"},
+        description="GOOSE: anisotropic spine tree (PLD spine, TR branches) with the confidence bypass",
+    )
+    register(
+        BypassPolicy,
+        name="spine-nobranch",
+        defaults={"inner": "spine-tree", "inner_options": {"spine_branches": False}},
+        description="Spine tree without branches on spine nodes (root branches kept), with the bypass",
+    )
