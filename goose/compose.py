@@ -14,7 +14,8 @@ from goose.manager import Entry, get_plugin_manager, get_registry
 ComponentSpec = str | tuple[str, Mapping] | object
 
 
-def _options(entry: Entry, overrides: Mapping | None):
+def component_options(entry: Entry, overrides: Mapping | None):
+    """Validate ``overrides`` against a registry entry's Options (defaults applied); clear errors."""
     if overrides is not None and not isinstance(overrides, Mapping):
         raise InvalidInputError(
             f"options for {entry.kind} {entry.name!r} must be a dict, got {type(overrides).__name__}"
@@ -49,7 +50,7 @@ def _build(kind: str, spec, base: type, extra_options: Mapping | None):
         )
     entry = get_registry().get(kind, spec)
     merged = {**(opts or {}), **(extra_options or {})}
-    inst = entry.cls(_options(entry, merged))
+    inst = entry.cls(component_options(entry, merged))
     inst.name = entry.alias_of or entry.name
     return inst
 

@@ -98,8 +98,9 @@ class Verified:
     """One target forward pass and its outcome: what sources and policies learn from.
 
     For the prefill, ``tokens`` are the prompt and ``predecessors[t] = prompt[t-1]``. For a tree
-    pass, ``tokens`` are the tree's nodes and ``predecessors`` their parents' tokens (-1 for the
-    root).
+    pass, ``tokens`` are the tree's nodes and ``predecessors`` their parents' tokens; the root's
+    is the token before the anchor on the single-step, chain and bypass routes, -1 on tree routes
+    (as in the GOOSE reference).
     """
 
     kind: str  # "prefill" or "tree"

@@ -133,12 +133,14 @@ class PLDSource(DraftSource):
                 if hit is None:
                     break
                 _, ent = hit
-                if conf >= 1.0 and not (ent.count >= 2 and ent.agree):
-                    break
                 more = self._copy(tokens, ent, cap - len(chain))
                 if not more:
                     break
                 chain.extend(more)
+                # At confidence 1.0 go on only while each proposal is itself a consensus match
+                # (the first one that is not is still appended, as in the reference).
+                if conf >= 1.0 and not (ent.count >= 2 and ent.agree):
+                    break
         return Proposal.chain(
             self.name, chain, conf, consensus=consensus, match_len=base_len, extended=len(chain) - base_len
         )

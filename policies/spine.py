@@ -423,7 +423,7 @@ class BypassPolicy(TreePolicy):
 
     def __init__(self, options: BypassOptions | None = None):
         super().__init__(options)
-        from goose.compose import _options
+        from goose.compose import component_options
         from goose.manager import get_registry
 
         o = self.options
@@ -435,7 +435,7 @@ class BypassPolicy(TreePolicy):
                     "inner policy wrap itself? Hint: inner='spine-tree'."
                 )
             entry = get_registry().get("policy", o.inner)
-            self.inner: TreePolicy = entry.cls(_options(entry, o.inner_options))
+            self.inner: TreePolicy = entry.cls(component_options(entry, o.inner_options))
             self.inner.name = entry.alias_of or entry.name
         finally:
             _NESTING[0] -= 1

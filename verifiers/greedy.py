@@ -21,6 +21,10 @@ from goose.tree import DraftTree
 # Attention implementations that honour an arbitrary 4-D additive mask.
 MASK_HONOURING = ("eager", "sdpa")
 
+# Routes on which the root's predecessor (the token before the anchor) is reported to observers,
+# as the reference does on its chain and single-step routes; on tree routes the root has none.
+ROOT_PREDECESSOR_ROUTES = frozenset({"single", "chain", "bypass"})
+
 
 class TreeVerifierOptions(Options):
     pass
@@ -100,6 +104,7 @@ class GreedyTreeVerifier(Verifier):
         n = ids.shape[1]
         logits = self._forward(ids, position_ids=torch.arange(n, device=self.device).view(1, -1))
         self.past_len = n
+        self.before_root = int(ids[0, -1])
         prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])
         argmax = tuple(logits.argmax(-1).tolist())
         return Verified("prefill", ids[0], prev, logits, argmax, bonus=argmax[-1])
@@ -119,7 +124,9 @@ class GreedyTreeVerifier(Verifier):
         self.commit(past, path, tree.num_nodes)
         self.past_len = past + len(path)
         toks = tree.tokens
-        pred = torch.tensor([-1, *(toks[p] for p in tree.parents[1:])], dtype=torch.long)
+        root_pred = self.before_root if tree.route in ROOT_PREDECESSOR_ROUTES else -1
+        pred = torch.tensor([root_pred, *(toks[p] for p in tree.parents[1:])], dtype=torch.long)
+        self.before_root = toks[path[-1]]
         return Verified(
             "tree",
             ids[0],
