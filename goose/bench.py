@@ -212,7 +212,7 @@ def add_parser(sub) -> None:
     b.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     b.add_argument("--threads", type=int, default=2, help="torch threads (same for every method)")
-    b.add_argument("--datasets", default="demo", help="comma-separated; datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH")
+    b.add_argument("--datasets", default="demo", help="comma-separated; datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH; append @N to take the first N prompts of one dataset")
     b.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA or ../shared/data)")
     b.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each dataset")
     b.add_argument("--max-new-tokens", type=int, default=128)
@@ -245,8 +245,10 @@ def run(args) -> int:
     methods = ["ar", *[m for m in methods if m != "ar"]]
     prompts = []
     for spec in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        spec, _, count = spec.partition("@")  # "spec_bench:summarization@2": the first 2 prompts
         ps = datasets.load(spec, args.data_dir)
-        prompts.extend(ps[: args.num_prompts] if args.num_prompts else ps)
+        n = int(count) if count else args.num_prompts
+        prompts.extend(ps[:n] if n else ps)
     if not prompts:
         raise InvalidInputError("no prompts selected")
     model, tok = models.load(args.model, args.dtype)

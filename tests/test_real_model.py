@@ -19,6 +19,9 @@ MAX_NEW = int(os.environ.get("GOOSE_REAL_MAX_NEW", "96"))
 CONFIGS = {
     "greedy": {"sources": [], "policy": "greedy"},
     "pld": {"sources": ["pld"], "policy": "chain"},
+    "tr-tree": {"sources": ["tr"], "policy": "tr-tree"},
+    "iso3": {"sources": ["pld", "tr"], "policy": "iso3"},
+    "spine": {"sources": ["pld", "tr"], "policy": "spine"},
 }
 
 
