@@ -260,3 +260,14 @@ def test_every_hook_is_tested_and_documented():
         assert name in tests_text, f"no test uses hook {name}"
         sig = f"{name}{inspect.signature(getattr(goose.hookspecs, name))}".replace("'", "")
         assert sig in docs, f"docs/hooks.md must show the exact signature: {sig}"
+
+
+def test_options_docs_are_up_to_date(monkeypatch):
+    """docs/options.md is `goose plugins --options` for the built-ins: every option is documented."""
+    from goose.cli import options_markdown
+
+    monkeypatch.setenv("GOOSE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    goose.manager.reset()
+    want = options_markdown()
+    have = (ROOT / "docs" / "options.md").read_text()
+    assert have.strip() == want.strip(), "regenerate: GOOSE_DISABLE_PLUGIN_AUTOLOAD=1 goose plugins --options > docs/options.md"
