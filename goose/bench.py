@@ -251,6 +251,7 @@ def run(args) -> int:
         prompts.extend(ps[:n] if n else ps)
     if not prompts:
         raise InvalidInputError("no prompts selected")
+    prompts = _round_robin(prompts)
     model, tok = models.load(args.model, args.dtype)
     runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens) for m in methods}
 
@@ -289,6 +290,8 @@ def run(args) -> int:
                     if not args.no_gap and pos < len(ref):
                         gap = top2_gap(model, ids, ref, pos)
                     mismatches.append({"dataset": p.dataset, "prompt_id": p.id, "method": r.method, "position": pos, "top2_gap": gap})
+            if args.out:  # save as we go: an interrupted run keeps every finished prompt
+                _save(Path(args.out), {"meta": {"partial": True, "prompts_done": k + 1, "prompts": len(prompts)}, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
     finally:
         goose.unregister_plugin("goose-bench-tree-catcher")
     print(file=sys.stderr)
@@ -327,13 +330,7 @@ def run(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(
-            json.dumps(
-                {"meta": meta, "summary": rows, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]},
-                indent=1,
-                default=str,
-            )
-        )
+        _save(out, {"meta": meta, "summary": rows, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]})
         (out / "results.md").write_text(md + "\n")
         print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
         if not args.no_plots:
@@ -345,6 +342,32 @@ def run(args) -> int:
             else:
                 print("Plots skipped: matplotlib is not installed (pip install 'goose-spec[plots]')")
     return 0
+
+
+def _save(out: Path, obj: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(out / "results.json")
+
+
+def _round_robin(prompts: list) -> list:
+    """Interleave datasets (first prompt of each, then the second, ...): partial runs stay balanced."""
+    groups: dict[str, list] = {}
+    for p in prompts:
+        groups.setdefault(p.dataset, []).append(p)
+    out = []
+    for i in range(max(len(g) for g in groups.values())):
+        out.extend(g[i] for g in groups.values() if i < len(g))
+    return out
+
+
+def summarize_file(path: str) -> str:
+    """The table of a (possibly partial) results.json."""
+    data = json.loads(Path(path).read_text())
+    runs = [Run(**r) for r in data["runs"]]
+    methods = list(dict.fromkeys(r.method for r in runs))
+    return table(summarize(runs, methods))
 
 
 class _TreeCatcher:
