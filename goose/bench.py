@@ -25,7 +25,7 @@ PRESETS: dict[str, dict] = {
     "greedy": {"sources": [], "policy": "greedy"},
     "pld": {"sources": ["pld"], "policy": "chain"},
     "tr": {"sources": ["tr"], "policy": "tr-tree"},
-    "tr-original": {"sources": ["tr-original"], "policy": "tr-tree"},
+    "tr-original": {"sources": ["tr-original"], "policy": "tr-tree", "budget": 81},
     "iso3": {"sources": ["pld", "tr"], "policy": "iso3"},
     "iso5": {"sources": ["pld", "tr"], "policy": "iso5"},
     "spine": {"sources": ["pld", "tr"], "policy": "spine"},
@@ -362,12 +362,48 @@ def _round_robin(prompts: list) -> list:
     return out
 
 
-def summarize_file(path: str) -> str:
-    """The table of a (possibly partial) results.json."""
+def summarize_file(path: str, first: dict[str, int] | None = None) -> tuple[str, list[dict], list[Run]]:
+    """The table of a (possibly partial) results.json; ``first`` keeps the first N prompts per dataset."""
     data = json.loads(Path(path).read_text())
     runs = [Run(**r) for r in data["runs"]]
+    if first:
+        order: dict[str, list[str]] = {}
+        for r in runs:
+            ids = order.setdefault(r.dataset, [])
+            if r.prompt_id not in ids:
+                ids.append(r.prompt_id)
+        keep = {(d, i) for d, ids in order.items() if d in first for i in ids[: first[d]]}
+        runs = [r for r in runs if (r.dataset, r.prompt_id) in keep]
+    # only prompts every method finished
     methods = list(dict.fromkeys(r.method for r in runs))
-    return table(summarize(runs, methods))
+    done = {}
+    for r in runs:
+        done.setdefault((r.dataset, r.prompt_id), set()).add(r.method)
+    runs = [r for r in runs if done[(r.dataset, r.prompt_id)] == set(methods)]
+    rows = summarize(runs, methods)
+    return table(rows), rows, runs
+
+
+def add_report_parser(sub) -> None:
+    r = sub.add_parser("report", help="the table of a goose bench results.json (also a partial one)")
+    r.add_argument("results", help="path to results.json")
+    r.add_argument("--first", default=None, help="keep the first N prompts per dataset, e.g. humaneval=3,gsm8k=3")
+    r.set_defaults(func=_report)
+
+
+def _report(args) -> int:
+    from goose.errors import InvalidInputError
+
+    if not Path(args.results).exists():
+        raise InvalidInputError(f"{args.results} does not exist; goose bench --out DIR writes DIR/results.json")
+    first = None
+    if args.first:
+        first = {k: int(v) for k, v in (x.split("=") for x in args.first.split(","))}
+    md, rows, runs = summarize_file(args.results, first)
+    n = len({(r.dataset, r.prompt_id) for r in runs})
+    print(f"{n} prompts with every method finished\n")
+    print(md)
+    return 0
 
 
 class _TreeCatcher:

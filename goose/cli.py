@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gen_mod.add_parser(sub)
     bench_mod.add_parser(sub)
+    bench_mod.add_report_parser(sub)
 
     st = sub.add_parser("theory", help="acceptance model and proposition checks (see docs/theory.md)")
     st.add_argument("rest", nargs=argparse.REMAINDER)

@@ -370,6 +370,19 @@ class SpinePolicy(TreePolicy):
             # The walk followed the spine, left it where it broke, and went on along a branch.
             c["continuation_cycles"] += 1
             c["continuation_tokens"] += acc_branch
+        if n_spine:
+            # Per-cycle dominance (Prop. 4): re-walk the spine alone with the target's argmax.
+            children, toks, am = tree.children, tree.tokens, verified.argmax
+            node, chain_len = 0, 0
+            while True:
+                nxt = next((ch for ch in children[node] if origins[ch] == SPINE), None)
+                if nxt is None or toks[nxt] != am[node]:
+                    break
+                node, chain_len = nxt, chain_len + 1
+            c["dominance_cycles"] += 1
+            c["gain_over_spine_chain"] += (len(path) - 1) - chain_len
+            if len(path) - 1 < chain_len:
+                c["dominance_violations"] += 1
         if n_spine and route in ("spine", "bypass"):
             w = self.options.ema_weight
             self.ema = w * (acc_spine / n_spine) + (1.0 - w) * self.ema
@@ -386,6 +399,9 @@ class SpinePolicy(TreePolicy):
             "root_branch_accepted": c["root_branch_accepted"],
             "continuation_cycles": c["continuation_cycles"],
             "continuation_tokens": c["continuation_tokens"],
+            "dominance_cycles": c["dominance_cycles"],
+            "dominance_violations": c["dominance_violations"],
+            "gain_over_spine_chain": c["gain_over_spine_chain"],
             "spine_accept_ema": self.ema,
         }
 

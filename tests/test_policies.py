@@ -542,3 +542,17 @@ def test_lossless_every_registered_policy_with_pld_tr():
             prompt, max_new_tokens=25
         )
         assert out.token_ids == reference_greedy(prompt, 25, TOY_V), name
+
+
+def test_spine_never_accepts_fewer_than_its_spine_chain():
+    """Per-cycle Prop. 4: the spine alone, re-walked with the target's argmax, never beats the tree."""
+    from goose.testing import ToyCausalLM, reference_greedy
+
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] * 4
+    dec = goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-nobypass", budget=30)
+    out = dec.generate(prompt, max_new_tokens=80)
+    assert out.token_ids == reference_greedy(prompt, 80, 16)
+    st = out.stats.extra["policy"]
+    assert st["dominance_cycles"] > 0
+    assert st["dominance_violations"] == 0
+    assert st["gain_over_spine_chain"] >= 0
