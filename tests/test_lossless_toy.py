@@ -96,15 +96,26 @@ def test_eos_inside_accepted_path_is_cut():
 # Fault injection: each deliberate one-token bug must make the property fail.
 # ----------------------------------------------------------------------------------------------
 def _property_fails() -> BaseException | None:
+    """Run the property; return the failure it finds (None if none). Prints how many cases it took."""
+    tried = {"n": 0, "first_failure": None}
+
     @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(cases)
     def prop(c):
-        run_case(c)
+        tried["n"] += 1
+        try:
+            run_case(c)
+        except Exception:
+            if tried["first_failure"] is None:
+                tried["first_failure"] = tried["n"]
+            raise
 
     try:
         prop()
     except Exception as exc:  # noqa: BLE001 - an assertion or a crash: either way it fails
+        print(f"property failed at generated case {tried['first_failure']} ({tried['n']} cases run incl. shrinking)")
         return exc
+    print(f"property held on {tried['n']} cases")
     return None
 
 
