@@ -164,7 +164,11 @@ def summarize(runs: list[Run], methods: list[str]) -> list[dict]:
                 steps += x.stats.get("steps", 0)
                 accepted_total += sum(v["accepted"] for v in x.stats.get("per_source", {}).values())
                 t = x.stats.get("time_s", {})
-                draft_s += t.get("draft", 0.0) + t.get("observe", 0.0)
+                vt = x.stats.get("extra", {}).get("verifier", {})
+                if vt:  # everything that is not a model forward
+                    draft_s += t.get("total", 0.0) - vt.get("forward", 0.0) - vt.get("prefill_forward", 0.0)
+                else:
+                    draft_s += t.get("draft", 0.0) + t.get("observe", 0.0)
                 total_s += t.get("total", 0.0)
             cd, ca = _rate(per_source, CONTEXT_ORIGINS)
             rd, ra = _rate(per_source, RECYCLE_ORIGINS)

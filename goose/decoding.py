@@ -297,6 +297,8 @@ class Decoder:
                 extra[s.name] = s.stats()
         if self.policy.stats():
             extra["policy"] = self.policy.stats()
+        if self.verifier.stats():
+            extra["verifier"] = self.verifier.stats()
         stats = Stats(
             prompt_len,
             len(new),

@@ -297,5 +297,9 @@ class Verifier(ABC):
     def end(self) -> None:
         """Release per-request state (the cache)."""
 
+    def stats(self) -> dict:
+        """Per-generation statistics (e.g. time per part of verification)."""
+        return {}
+
 
 Factory = Callable[..., object]

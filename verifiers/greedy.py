@@ -10,6 +10,7 @@ public ``layers[i].keys/values`` tensors and ``crop``.
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 
@@ -99,10 +100,13 @@ class GreedyTreeVerifier(Verifier):
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> Verified:
+        self.timers = {"mask": 0.0, "forward": 0.0, "walk": 0.0, "commit": 0.0, "prefill_forward": 0.0}
         self.cache = self._new_cache()
         ids = prompt_ids.to(self.device).view(1, -1)
         n = ids.shape[1]
+        t0 = time.perf_counter()
         logits = self._forward(ids, position_ids=torch.arange(n, device=self.device).view(1, -1))
+        self.timers["prefill_forward"] += time.perf_counter() - t0
         self.past_len = n
         self.before_root = int(ids[0, -1])
         prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])
@@ -111,6 +115,8 @@ class GreedyTreeVerifier(Verifier):
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree) -> Verified:
+        tm = self.timers
+        t0 = time.perf_counter()
         past = self.past_len
         ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
         if tree.num_nodes == 1:
@@ -118,11 +124,19 @@ class GreedyTreeVerifier(Verifier):
         else:
             mask = tree.attention_mask(past, dtype=self.dtype, device=self.device)
             pos = tree.position_ids(past, device=self.device)
+        t1 = time.perf_counter()
         logits = self._forward(ids, mask, pos)
+        t2 = time.perf_counter()
         argmax = tuple(logits.argmax(-1).tolist())
         path = walk(tree, argmax)
+        t3 = time.perf_counter()
         self.commit(past, path, tree.num_nodes)
         self.past_len = past + len(path)
+        t4 = time.perf_counter()
+        tm["mask"] += t1 - t0
+        tm["forward"] += t2 - t1
+        tm["walk"] += t3 - t2
+        tm["commit"] += t4 - t3
         toks = tree.tokens
         root_pred = self.before_root if tree.route in ROOT_PREDECESSOR_ROUTES else -1
         pred = torch.tensor([root_pred, *(toks[p] for p in tree.parents[1:])], dtype=torch.long)
@@ -155,6 +169,10 @@ class GreedyTreeVerifier(Verifier):
 
     def end(self) -> None:
         self.cache = None
+
+    def stats(self) -> dict:
+        """Seconds spent per part of verification in the last generation."""
+        return dict(getattr(self, "timers", {}))
 
 
 def walk(tree: DraftTree, argmax) -> tuple[int, ...]:
