@@ -35,6 +35,7 @@ PRESETS: dict[str, dict] = {
     "spine-noprefill": {"sources": ["pld", ("tr", {"prefill_harvest": False})], "policy": "spine"},
     "spine-nopld": {"sources": ["tr"], "policy": "spine"},
     "spine-warm": {"sources": ["pld", ("tr", {"warm": True})], "policy": "spine"},
+    "spine-fit": {"sources": ["pld", "tr"], "policy": "spine-fit"},
 }
 BASELINES = ("ar", "hf-pld")
 METHODS_HELP = (

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pydantic import ValidationError
 
 from goose.decoding import Decoder
-from goose.errors import InvalidInputError, PluginError
+from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, TreePolicy, Verifier
 from goose.manager import Entry, get_plugin_manager, get_registry
 
@@ -95,10 +95,8 @@ def compose(
     pol = _build("policy", policy, TreePolicy, policy_options)
     ver = _build("verifier", verifier, Verifier, verifier_options)
     ver.bind(model)
-    try:
-        pol.bind(built)
-    except PluginError:
-        raise
+    pol.bind(built)
+    pol.attach(model)
     pm = get_plugin_manager()
     eos = _eos_ids(model, tokenizer)
     desc = f"sources={names} policy={pol.name} verifier={ver.name} budget={budget}"

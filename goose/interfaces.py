@@ -245,6 +245,9 @@ class TreePolicy(ABC):
     def bind(self, sources: Sequence[DraftSource]) -> None:
         """Called once by ``compose`` with the decoder's sources; raise GooseError if unusable."""
 
+    def attach(self, model) -> None:
+        """Called once by ``compose`` with the target model (e.g. to measure its latency)."""
+
     def max_nodes(self, budget: int) -> int:
         """The most nodes (root included) a tree of this policy may have at this ``budget``.
 

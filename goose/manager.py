@@ -32,6 +32,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "goose.policies.chain",
     "goose.policies.isotropic",
     "goose.policies.spine",
+    "goose.policies.fit",
     "goose.verifiers.greedy",
 )
 

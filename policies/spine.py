@@ -465,6 +465,9 @@ class BypassPolicy(TreePolicy):
         self.inner.bind(sources)
         self._bound = True
 
+    def attach(self, model) -> None:
+        self.inner.attach(model)
+
     def max_nodes(self, budget: int) -> int:
         return max(self.inner.max_nodes(budget), self.options.max_chain + 1)
 
