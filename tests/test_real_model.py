@@ -22,6 +22,7 @@ CONFIGS = {
     "tr-tree": {"sources": ["tr"], "policy": "tr-tree"},
     "iso3": {"sources": ["pld", "tr"], "policy": "iso3"},
     "spine": {"sources": ["pld", "tr"], "policy": "spine"},
+    "spine-fit": {"sources": ["pld", "tr"], "policy": "spine-fit"},
 }
 
 
