@@ -221,7 +221,7 @@ def add_parser(sub) -> None:
     b.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA or ../shared/data)")
     b.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each dataset")
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--methods", default="ar,hf-pld,pld,spine", help=METHODS_HELP)
+    b.add_argument("--methods", default="ar,hf-pld,pld,spine,spine-fit", help=METHODS_HELP)
     b.add_argument("--budget", type=int, default=None, help="node budget (default: each policy's own, 60)")
     b.add_argument("--chat", action="store_true", help="apply the chat template instead of raw prompts")
     b.add_argument("--warmup", type=int, default=1, help="untimed runs of each method before timing")
