@@ -84,15 +84,16 @@ class Runner:
         self.method, self.model, self.tok, self.max_new = method, model, tok, max_new
         self.decoder = None if method in BASELINES else method_decoder(method, model, tok, budget)
 
-    def run(self, ids) -> tuple[list[int], float, dict]:
+    def run(self, ids, max_new: int | None = None) -> tuple[list[int], float, dict]:
         import torch
 
+        max_new = self.max_new if max_new is None else max_new
         if self.decoder is not None:
             t0 = time.perf_counter()
-            out = self.decoder.generate(ids, max_new_tokens=self.max_new)
+            out = self.decoder.generate(ids, max_new_tokens=max_new)
             dt = time.perf_counter() - t0
             return out.token_ids, dt, out.stats.to_dict()
-        kw = dict(max_new_tokens=self.max_new, do_sample=False, attention_mask=torch.ones_like(ids))
+        kw = dict(max_new_tokens=max_new, do_sample=False, attention_mask=torch.ones_like(ids))
         if self.method == "hf-pld":
             kw["prompt_lookup_num_tokens"] = 10
         gen_cfg = getattr(self.model, "generation_config", None)
@@ -257,8 +258,12 @@ def run(args) -> int:
     if not prompts:
         raise InvalidInputError("no prompts selected")
     prompts = _round_robin(prompts)
+    t_phase = time.perf_counter()
     model, tok = models.load(args.model, args.dtype)
+    _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
+    t_phase = time.perf_counter()
     runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens) for m in methods}
+    _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve once per machine)")
 
     def encode(text: str):
         if args.chat:
@@ -266,10 +271,12 @@ def run(args) -> int:
         return tok(text, return_tensors="pt")["input_ids"]
 
     if args.warmup:
+        t_phase = time.perf_counter()
         ids = encode(prompts[0].text)
-        for _ in range(args.warmup):
+        for _ in range(args.warmup):  # short runs: they only prepare kernels and caches
             for m in methods:
-                runners[m].run(ids)
+                runners[m].run(ids, max_new=min(args.max_new_tokens, 24))
+        _note(f"warm-up in {time.perf_counter() - t_phase:.1f}s")
     catcher = _TreeCatcher(runners)
     goose.register_plugin(catcher, name="goose-bench-tree-catcher")
     runs: list[Run] = []
@@ -426,6 +433,10 @@ class _TreeCatcher:
         key = (min(step.tree.num_nodes, 40) * (1 + len(step.verified.path)), step.tree.num_nodes)
         if key > self.key:
             self.key, self.best = key, step
+
+
+def _note(msg: str) -> None:
+    print(f"goose bench: {msg}", file=sys.stderr, flush=True)
 
 
 def _progress(k, n, p, m, t0) -> None:

@@ -77,8 +77,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GOOSE_CACHE", Path.home() / ".cache" / "goose")) / "latency"
 
 
-def measure(model, sizes=SIZES, past_len: int = 256, repeats: int = 3) -> LatencyCurve:
-    """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n."""
+def measure(model, sizes=SIZES, past_len: int = 256, repeats: int = 5) -> LatencyCurve:
+    """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n.
+
+    The first forwards of a process are slow (kernels are prepared per shape), so every size is
+    run once untimed first; then ``repeats`` rounds time every size in turn (drift hits all sizes
+    alike) and the median is kept. A forward over fewer tokens never costs more, so a noisy
+    small size is capped by the larger sizes' times (a running minimum from the right).
+    """
     import torch
 
     from goose.tree import DraftTree
@@ -90,27 +96,34 @@ def measure(model, sizes=SIZES, past_len: int = 256, repeats: int = 3) -> Latenc
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (past_len,), generator=g)
     v.prefill(prompt)
-    out = []
+    trees = {}
     for n in sizes:
         toks = torch.randint(0, vocab, (n,), generator=g).tolist()
-        tree = DraftTree.from_chain(toks[0], toks[1:], "x")
-        ts = []
-        for _ in range(repeats + 1):  # the first run warms up this shape
-            mask = tree.attention_mask(v.past_len, dtype=v.dtype, device=v.device)
-            pos = tree.position_ids(v.past_len, device=v.device)
-            ids = torch.tensor([tree.tokens], device=v.device)
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                v._forward(ids, mask if n > 1 else None, pos)
-            ts.append(time.perf_counter() - t0)
-            v.cache.crop(-n)
-        out.append(statistics.median(ts[1:]))
+        trees[n] = DraftTree.from_chain(toks[0], toks[1:], "x")
+
+    def once(n: int) -> float:
+        tree = trees[n]
+        mask = tree.attention_mask(v.past_len, dtype=v.dtype, device=v.device) if n > 1 else None
+        pos = tree.position_ids(v.past_len, device=v.device)
+        ids = torch.tensor([tree.tokens], device=v.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            v._forward(ids, mask, pos)
+        dt = time.perf_counter() - t0
+        v.cache.crop(-n)
+        return dt
+
+    for n in sizes:  # warm-up: prepare every shape once
+        once(n)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            times[n].append(once(n))
     v.end()
-    # a forward over more tokens never costs less: enforce monotonicity against timer noise
-    mono = []
-    for t in out:
-        mono.append(max(t, mono[-1]) if mono else t)
-    return LatencyCurve(tuple(sizes), tuple(mono))
+    med = [statistics.median(times[n]) for n in sizes]
+    for i in range(len(med) - 2, -1, -1):
+        med[i] = min(med[i], med[i + 1])
+    return LatencyCurve(tuple(sizes), tuple(med))
 
 
 def curve_for(model, use_cache: bool = True) -> LatencyCurve:
