@@ -133,7 +133,9 @@ class PLDSource(DraftSource):
                 if hit is None:
                     break
                 _, ent = hit
-                more = self._copy(tokens, ent, cap - len(chain))
+                # Each re-query appends its whole copy (up to max_chain), so the chain may pass
+                # the cap by less than one copy, as in the reference; the tree policy cuts it.
+                more = self._copy(tokens, ent, o.max_chain)
                 if not more:
                     break
                 chain.extend(more)
