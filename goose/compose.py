@@ -34,6 +34,14 @@ def component_options(entry: Entry, overrides: Mapping | None):
         ) from exc
 
 
+def build_inner(name: str, options: Mapping | None) -> TreePolicy:
+    """An inner policy by registry name, for wrapping policies (bypass, fit): options validated."""
+    entry = get_registry().get("policy", name)
+    inst = entry.cls(component_options(entry, options))
+    inst.name = entry.alias_of or entry.name
+    return inst
+
+
 def _build(kind: str, spec, base: type, extra_options: Mapping | None):
     """Turn a name, a (name, options) pair or a ready instance into a component instance."""
     if isinstance(spec, base):

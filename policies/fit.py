@@ -48,15 +48,12 @@ class FitPolicy(TreePolicy):
 
     def __init__(self, options: FitOptions | None = None):
         super().__init__(options)
-        from goose.compose import component_options
-        from goose.manager import get_registry
+        from goose.compose import build_inner
 
         o = self.options
         if o.inner == "fit" or o.inner.endswith("-fit"):
             raise InvalidInputError(f"fit cannot wrap itself (inner={o.inner!r}). Hint: inner='spine'.")
-        entry = get_registry().get("policy", o.inner)
-        self.inner: TreePolicy = entry.cls(component_options(entry, o.inner_options))
-        self.inner.name = entry.alias_of or entry.name
+        self.inner: TreePolicy = build_inner(o.inner, o.inner_options)
         self.curve = None
         if o.latency:
             from goose.latency import LatencyCurve

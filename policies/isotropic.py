@@ -35,9 +35,10 @@ from goose.policies.spine import (
     BRANCH,
     ROOT_BRANCH,
     SPINE,
-    chain_and_confidence,
+    chain_only,
     require_some_source,
     resolve_spine_source,
+    two_source_start,
 )
 from goose.tree import ROOT, DraftTree
 
@@ -80,14 +81,9 @@ class IsotropicPolicy(TreePolicy):
         o = self.options
         st = ctx.state
         anchor = st.anchor
-        chain, conf = chain_and_confidence(ctx, self._spine, o.confidence)
-        budget = ctx.budget + int(conf * o.extension)
-        root_ids, root_scores, _ = ctx.successors(anchor, st.prev_anchor)
+        chain, _, budget, root_ids, root_scores = two_source_start(ctx, self._spine, o)
         if not len(root_ids):
-            n = min(len(chain), budget - 1, st.max_depth)
-            if n <= 0:
-                return None
-            return DraftTree.from_chain(anchor, chain[:n], SPINE, route="chain")
+            return chain_only(ctx, chain, budget)
 
         k, min_score, nchain = o.k, o.min_score, len(chain)
         maxd = min(o.max_depth, st.max_depth)

@@ -118,6 +118,23 @@ def chain_and_confidence(ctx: DraftContext, name: str | None, use_confidence: bo
 
 
 @lru_cache(maxsize=4096)
+def two_source_start(ctx: DraftContext, spine: str | None, options) -> tuple:
+    """The shared start of the two-source trees (spine, isotropic): the context-match chain, its
+    confidence, the budget extended by that confidence, and the root's successors (ids, scores)."""
+    chain, conf = chain_and_confidence(ctx, spine, options.confidence)
+    budget = ctx.budget + int(conf * options.extension)
+    ids, scores, _ = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor)
+    return chain, conf, budget, ids, scores
+
+
+def chain_only(ctx: DraftContext, chain: Sequence[int], budget: int) -> DraftTree | None:
+    """No successor at the root: the plain chain route, or nothing to draft."""
+    n = min(len(chain), budget - 1, ctx.state.max_depth)
+    if n <= 0:
+        return None
+    return DraftTree.from_chain(ctx.state.anchor, chain[:n], SPINE, route="chain")
+
+
 def harmonic_split(share: int, positions: int) -> tuple[int, ...]:
     """Split ``share`` branch nodes over ``positions`` spine nodes with weights 1/(j+1).
 
@@ -219,17 +236,9 @@ class SpinePolicy(TreePolicy):
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         if not self._bound:
             self.bind(ctx.sources)
-        o = self.options
-        st = ctx.state
-        anchor = st.anchor
-        chain, conf = chain_and_confidence(ctx, self._spine, o.confidence)
-        budget = ctx.budget + int(conf * o.extension)
-        ids, scores, _ = ctx.successors(anchor, st.prev_anchor)
+        chain, conf, budget, ids, scores = two_source_start(ctx, self._spine, self.options)
         if not len(ids):
-            n = min(len(chain), budget - 1, st.max_depth)
-            if n <= 0:
-                return None
-            return DraftTree.from_chain(anchor, chain[:n], SPINE, route="chain")
+            return chain_only(ctx, chain, budget)
         return self.build(ctx, chain, conf, budget, ids, scores)
 
     def build(
@@ -265,23 +274,27 @@ class SpinePolicy(TreePolicy):
         root_share = branch_budget - spine_share
         frontier: deque = deque()
 
+        def attach(parent: int, depth: int, ids, scores, limit: int, exclude: int, label: str) -> int:
+            """Hang up to ``limit`` successors (best first, above min_score, not ``exclude``) on a node."""
+            attached = 0
+            seen = {exclude}
+            for t, s in zip(ids, scores):
+                if attached >= limit or s < min_score:
+                    break
+                if t in seen:
+                    continue
+                seen.add(t)
+                tokens.append(t)
+                parents.append(parent)
+                origins.append(label)
+                depths.append(depth)
+                attached += 1
+                if depth < maxd:
+                    frontier.append((len(tokens) - 1, s))
+            return attached
+
         # Step 2: alternatives to the first spine token, under the root.
-        first = chain[0] if L > 0 else -1
-        attached = 0
-        seen = {first}
-        for t, s in zip(root_ids, root_scores):
-            if attached >= root_share or s < min_score:
-                break
-            if t in seen:
-                continue
-            seen.add(t)
-            tokens.append(t)
-            parents.append(0)
-            origins.append(ROOT_BRANCH)
-            depths.append(1)
-            attached += 1
-            if 1 < maxd:
-                frontier.append((len(tokens) - 1, s))
+        attach(0, 1, root_ids, root_scores, root_share, chain[0] if L > 0 else -1, ROOT_BRANCH)
 
         # Step 3: alternatives at each spine node, harmonically fewer with depth.
         if spine_share > 0:
@@ -292,22 +305,7 @@ class SpinePolicy(TreePolicy):
                     break
                 node = j + 1
                 ids, scores, _ = ctx.successors(tokens[node], tokens[node - 1])
-                nxt = chain[j + 1] if j + 1 < L else -1
-                seen = {nxt}
-                attached = 0
-                for t, s in zip(ids, scores):
-                    if attached >= a or s < min_score:
-                        break
-                    if t in seen:
-                        continue
-                    seen.add(t)
-                    tokens.append(t)
-                    parents.append(node)
-                    origins.append(BRANCH)
-                    depths.append(j + 2)
-                    attached += 1
-                    if j + 2 < maxd:
-                        frontier.append((len(tokens) - 1, s))
+                attach(node, j + 2, ids, scores, a, chain[j + 1] if j + 1 < L else -1, BRANCH)
 
         # Step 4: breadth-first extension of the branch frontier.
         remaining = budget - len(tokens)
@@ -320,20 +318,7 @@ class SpinePolicy(TreePolicy):
                 continue
             width = max(1, min(len(ids), math.ceil(remaining * score)))
             width = min(width, max(1, k // d))
-            seen = set()
-            for t, s in zip(ids[:width], scores[:width]):
-                if remaining <= 0 or s < min_score:
-                    break
-                if t in seen:
-                    continue
-                seen.add(t)
-                tokens.append(t)
-                parents.append(node)
-                origins.append(BRANCH)
-                depths.append(d + 1)
-                remaining -= 1
-                if d + 1 < maxd:
-                    frontier.append((len(tokens) - 1, s))
+            remaining -= attach(node, d + 1, ids[:width], scores[:width], remaining, -1, BRANCH)
 
         if len(tokens) < 2:
             return None
@@ -439,8 +424,7 @@ class BypassPolicy(TreePolicy):
 
     def __init__(self, options: BypassOptions | None = None):
         super().__init__(options)
-        from goose.compose import component_options
-        from goose.manager import get_registry
+        from goose.compose import build_inner
 
         o = self.options
         _NESTING[0] += 1
@@ -450,9 +434,7 @@ class BypassPolicy(TreePolicy):
                     f"bypass policies nest more than {_MAX_NESTING} deep (inner={o.inner!r}); does the "
                     "inner policy wrap itself? Hint: inner='spine-tree'."
                 )
-            entry = get_registry().get("policy", o.inner)
-            self.inner: TreePolicy = entry.cls(component_options(entry, o.inner_options))
-            self.inner.name = entry.alias_of or entry.name
+            self.inner: TreePolicy = build_inner(o.inner, o.inner_options)
         finally:
             _NESTING[0] -= 1
         self._spine: str | None = None
