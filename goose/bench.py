@@ -238,8 +238,7 @@ def run(args) -> int:
 
     import goose
     import transformers
-    from goose import datasets, models
-    from goose.errors import InvalidInputError
+    from goose import models
 
     torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -249,15 +248,7 @@ def run(args) -> int:
     if "ar" not in methods:
         methods = ["ar", *methods]
     methods = ["ar", *[m for m in methods if m != "ar"]]
-    prompts = []
-    for spec in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        spec, _, count = spec.partition("@")  # "spec_bench:summarization@2": the first 2 prompts
-        ps = datasets.load(spec, args.data_dir)
-        n = int(count) if count else args.num_prompts
-        prompts.extend(ps[:n] if n else ps)
-    if not prompts:
-        raise InvalidInputError("no prompts selected")
-    prompts = _round_robin(prompts)
+    prompts = select_prompts(args.datasets, args.data_dir, args.num_prompts)
     t_phase = time.perf_counter()
     model, tok = models.load(args.model, args.dtype)
     _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
@@ -356,6 +347,33 @@ def run(args) -> int:
     return 0
 
 
+def _count(text: str, what: str, example: str) -> int:
+    """A prompt count given on the command line: a whole number >= 1, or a clear error."""
+    from goose.errors import InvalidInputError
+
+    if not text.strip().isdigit() or int(text) < 1:
+        raise InvalidInputError(f"{what}: {text!r} is not a prompt count; it must be a whole number >= 1 (e.g. {example})")
+    return int(text)
+
+
+def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | None = None) -> list:
+    """The prompts of ``--datasets`` (``name[@N]``, comma-separated), interleaved round-robin."""
+    from goose import datasets
+    from goose.errors import InvalidInputError
+
+    if num_prompts is not None:
+        _count(str(num_prompts), "--num-prompts", "--num-prompts 20")
+    prompts = []
+    for item in [d.strip() for d in spec.split(",") if d.strip()]:
+        name, at, count = item.partition("@")  # "spec_bench:summarization@2": the first 2 prompts
+        n = _count(count, f"--datasets {item}", f"{name}@3") if at else num_prompts
+        ps = datasets.load(name, data_dir)
+        prompts.extend(ps[:n] if n else ps)
+    if not prompts:
+        raise InvalidInputError(f"no prompts selected by --datasets {spec!r}. Hint: --datasets demo")
+    return _round_robin(prompts)
+
+
 def _save(out: Path, obj: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "results.json.tmp"
@@ -410,7 +428,12 @@ def _report(args) -> int:
         raise InvalidInputError(f"{args.results} does not exist; goose bench --out DIR writes DIR/results.json")
     first = None
     if args.first:
-        first = {k: int(v) for k, v in (x.split("=") for x in args.first.split(","))}
+        first = {}
+        for item in [x.strip() for x in args.first.split(",") if x.strip()]:
+            name, eq, count = item.partition("=")
+            if not eq or not name:
+                raise InvalidInputError(f"--first {item!r}: expected DATASET=N, e.g. --first humaneval=3,gsm8k=3")
+            first[name] = _count(count, f"--first {item}", f"{name}=3")
     md, rows, runs = summarize_file(args.results, first)
     n = len({(r.dataset, r.prompt_id) for r in runs})
     print(f"{n} prompts with every method finished\n")

@@ -1,0 +1,128 @@
+"""`goose bench` and `goose report`: prompt selection, bad input, and one end-to-end run.
+
+The end-to-end run uses a tiny randomly initialised stock Llama saved as a local Hugging Face
+folder (with SmolLM2's tokenizer), so the whole command runs in seconds: every method on every
+prompt, results.json with its fields, the table, and the identical-to-greedy check.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from goose import bench, datasets, models
+from goose.cli import main
+from goose.errors import InvalidInputError
+
+REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
+
+
+def test_round_robin_interleaves_datasets():
+    ps = [datasets.Prompt("a", str(i), "x") for i in range(3)] + [datasets.Prompt("b", str(i), "y") for i in range(2)]
+    got = [(p.dataset, p.id) for p in bench._round_robin(ps)]
+    assert got == [("a", "0"), ("b", "0"), ("a", "1"), ("b", "1"), ("a", "2")]
+
+
+def test_select_prompts_takes_the_first_n_of_each_dataset():
+    ps = bench.select_prompts("demo@2")
+    assert [p.id for p in ps] == [p.id for p in datasets.demo()[:2]]
+    assert len(bench.select_prompts("demo", num_prompts=1)) == 1
+
+
+@pytest.mark.parametrize("spec", ["demo@0", "demo@x", "demo@", "demo@-1", "demo@2.5"])
+def test_bad_prompt_count_after_at_is_named(spec):
+    with pytest.raises(InvalidInputError) as e:
+        bench.select_prompts(spec)
+    msg = str(e.value)
+    assert spec in msg and "whole number >= 1" in msg and "demo@3" in msg
+
+
+def test_bad_num_prompts_is_named():
+    with pytest.raises(InvalidInputError, match="--num-prompts.*whole number >= 1"):
+        bench.select_prompts("demo", num_prompts=0)
+
+
+def test_unknown_dataset_is_named():
+    with pytest.raises(InvalidInputError, match="humaneva"):
+        bench.select_prompts("humaneva@2")
+
+
+def test_no_dataset_is_refused():
+    with pytest.raises(InvalidInputError, match="no prompts selected.*--datasets demo"):
+        bench.select_prompts(" , ")
+
+
+def test_unknown_method_is_named(capsys):
+    rc = main(["bench", "--methods", "ar,spinee", "--datasets", "demo@1", "--no-plots", "--out", ""])
+    err = capsys.readouterr().err
+    assert rc != 0 and "spinee" in err and "spine" in err
+
+
+def test_report_of_a_missing_file_is_named(tmp_path, capsys):
+    path = tmp_path / "nope" / "results.json"
+    rc = main(["report", str(path)])
+    err = capsys.readouterr().err
+    assert rc != 0 and str(path) in err and "goose bench --out" in err
+
+
+@pytest.mark.parametrize("first", ["humaneval", "humaneval=0", "=3", "humaneval=x"])
+def test_report_bad_first_is_named(tmp_path, capsys, first):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"runs": [], "mismatches": []}))
+    rc = main(["report", str(path), "--first", first])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--first" in err and "humaneval=3" in err
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    if not models.installed()["smollm2"]:
+        if REQUIRE:
+            pytest.fail("SmolLM2 not pulled (its tokenizer is needed): run `goose models pull smollm2`")
+        pytest.skip("SmolLM2 not pulled (its tokenizer is needed): run `goose models pull smollm2`")
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    src = models.resolve("smollm2")
+    tok = AutoTokenizer.from_pretrained(str(src))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )
+    d = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_bench_end_to_end_on_a_local_folder(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    methods = ["ar", "hf-pld", "pld", "tr", "spine", "spine-fit"]
+    rc = main([
+        "bench", "--model", str(tiny_model_dir), "--datasets", "demo@2", "--max-new-tokens", "24",
+        "--methods", ",".join(methods), "--threads", "1", "--warmup", "0", "--no-plots", "--out", str(out),
+    ])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["dtype"] == "float32" and data["meta"]["threads"] == 1
+    assert {"goose", "torch", "transformers"} <= set(data["meta"]["versions"])
+    runs = data["runs"]
+    assert len(runs) == 2 * len(methods)
+    ref = {r["prompt_id"]: r["tokens"] for r in runs if r["method"] == "ar"}
+    for r in runs:
+        assert 0 < len(r["tokens"]) <= 24 and r["seconds"] > 0
+        assert r["tokens"] == ref[r["prompt_id"]], f"{r['method']} differs from greedy on {r['prompt_id']}"
+    assert data["mismatches"] == []
+    rows = {(r["dataset"], r["method"]): r for r in data["summary"]}
+    for m in methods:
+        assert ("ALL", m) in rows
+        assert f"| ALL | {m} |" in printed
+    assert "identical to greedy decoding on every prompt" in printed
+    assert (out / "results.md").read_text().strip() in printed
+    # a partial file reports too, and --first keeps the first prompt of each dataset
+    rc = main(["report", str(out / "results.json"), "--first", "demo=1"])
+    rep = capsys.readouterr().out
+    assert rc == 0 and rep.startswith("1 prompts with every method finished")
