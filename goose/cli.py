@@ -76,7 +76,8 @@ def _cmd_models(args) -> int:
         have = models.installed()
         for name, spec in models.MODELS.items():
             state = f"converted at {models.model_dir(name)}" if have[name] else "not pulled"
-            print(f"{name:<10} {spec.description}  [{state}]")
+            note = f"; {spec.note}" if spec.note else ""
+            print(f"{name:<20} {spec.description}  [{state}{note}]")
         return 0
     path = models.pull(args.name, force=args.force)
     print(f"{args.name}: ready at {path}")
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sm = sub.add_parser("models", help="obtain and convert the offline models")
     sm.add_argument("action", choices=["pull", "list"])
-    sm.add_argument("name", nargs="?", default="smollm2")
+    sm.add_argument("name", nargs="?", default="smollm2", help="a model of `goose models list` (default smollm2)")
     sm.add_argument("--force", action="store_true", help="convert again even if converted")
     sm.set_defaults(func=_cmd_models)
 

