@@ -195,6 +195,71 @@ def summarize(runs: list[Run], methods: list[str]) -> list[dict]:
     return rows
 
 
+PROFILE_PARTS = ("forward", "sources", "tree", "mask", "walk", "commit", "harvest", "other")
+
+
+def profile(runs: list[Run], methods: list[str]) -> list[dict]:
+    """Per method, pooled over every prompt: milliseconds per decoding step in each part of a step.
+
+    ``forward``: model forwards (verification; prefill excluded), ``sources``: inside the draft
+    sources (proposals and successor lookups), ``tree``: the rest of shaping the tree, ``mask``:
+    the 4-D mask and position ids, ``walk``: argmax and the greedy walk, ``commit``: the KV cache
+    commit, ``harvest``: feeding the verified logits back to the sources, ``other``: the loop's own
+    bookkeeping. ``ceiling``: greedy's time / this method's model-forward time (prefill included),
+    the speedup if everything but the forwards were free, i.e. about tau x (one-token forward time
+    / mean verification-forward time).
+    """
+    ar = {(r.dataset, r.prompt_id): r for r in runs if r.method == "ar"}
+    rows = []
+    for m in methods:
+        mine = [r for r in runs if r.method == m and (r.dataset, r.prompt_id) in ar]
+        if m in BASELINES or not mine or not mine[0].stats.get("time_s"):
+            continue
+        parts = dict.fromkeys(PROFILE_PARTS, 0.0)
+        steps = 0
+        total = fwd_all = ar_s = method_s = 0.0
+        split = True
+        for r in mine:
+            t = r.stats.get("time_s", {})
+            vt = r.stats.get("extra", {}).get("verifier", {})
+            steps += r.stats.get("steps", 0)
+            total += t.get("total", 0.0)
+            if "sources" not in t:
+                split = False  # written before sources were timed apart
+            parts["sources"] += t.get("sources", 0.0)
+            parts["tree"] += t.get("draft", 0.0) - t.get("sources", 0.0)
+            parts["harvest"] += t.get("observe", 0.0)
+            for k in ("forward", "mask", "walk", "commit"):
+                parts[k] += vt.get(k, 0.0)
+            fwd_all += vt.get("forward", 0.0) + vt.get("prefill_forward", 0.0)
+            ar_s += ar[(r.dataset, r.prompt_id)].seconds
+            method_s += r.seconds
+        known = sum(v for k, v in parts.items() if k != "other")
+        prefill = fwd_all - parts["forward"]
+        parts["other"] = max(0.0, total - known - prefill)
+        row = {"method": m, "prompts": len(mine), "steps": steps, "ms_per_step": 1000 * (total - prefill) / steps if steps else None}
+        for k, v in parts.items():
+            row[k] = 1000 * v / steps if steps else None
+        if not split:
+            row["sources"] = None  # only the sum (in "tree") is known
+        row["overhead"] = (total - fwd_all) / total if total else None
+        row["ceiling"] = ar_s / fwd_all if fwd_all else None
+        row["speedup"] = ar_s / method_s if method_s else None
+        rows.append(row)
+    return rows
+
+
+def profile_table(rows: list[dict]) -> str:
+    head = ["method", "steps", "ms/step", *PROFILE_PARTS, "overhead", "ceiling", "speedup"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["method"], str(r["steps"]), _f(r["ms_per_step"], "{:.1f}")]
+        cells += [_f(r[k], "{:.2f}") for k in PROFILE_PARTS]
+        cells += [_f(r["overhead"], "{:.1%}"), _f(r["ceiling"], "{:.2f}x"), _f(r["speedup"], "{:.2f}x")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _f(v, fmt="{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -299,7 +364,10 @@ def run(args) -> int:
         goose.unregister_plugin("goose-bench-tree-catcher")
     print(file=sys.stderr)
     rows = summarize(runs, methods)
+    prof = profile(runs, methods)
     md = table(rows)
+    if prof:
+        md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)
     noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
     meta = {
         "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
@@ -333,7 +401,7 @@ def run(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        _save(out, {"meta": meta, "summary": rows, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]})
+        _save(out, {"meta": meta, "summary": rows, "profile": prof, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]})
         (out / "results.md").write_text(md + "\n")
         print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
         if not args.no_plots:
@@ -411,7 +479,11 @@ def summarize_file(path: str, first: dict[str, int] | None = None) -> tuple[str,
         done.setdefault((r.dataset, r.prompt_id), set()).add(r.method)
     runs = [r for r in runs if done[(r.dataset, r.prompt_id)] == set(methods)]
     rows = summarize(runs, methods)
-    return table(rows), rows, runs
+    md = table(rows)
+    prof = profile(runs, methods)
+    if prof:
+        md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)
+    return md, rows, runs
 
 
 def add_report_parser(sub) -> None:

@@ -29,7 +29,7 @@ class Stats:
     per_source: dict  # {origin: {"drafted": int, "accepted": int}}
     routes: dict  # {route: cycles}
     accept_lengths: tuple[int, ...]  # accepted draft tokens per cycle
-    time_s: dict  # {"draft": s, "verify": s, "observe": s, "total": s}
+    time_s: dict  # {"draft": s (sources + tree shaping), "sources": s, "verify": s, "observe": s, "total": s}
     stopped_by: str  # "eos", "stop_token", "max_new_tokens" or "none"
     extra: dict = field(default_factory=dict)  # sources' and policy's own stats
     verify_time_by_route: dict = field(default_factory=dict)  # {route: seconds in verify()}
@@ -223,7 +223,7 @@ class Decoder:
         routes: Counter = Counter()
         route_time: Counter = Counter()
         accept_lengths: list[int] = []
-        t_draft = t_verify = t_observe = 0.0
+        t_draft = t_sources = t_verify = t_observe = 0.0
         hook_step = self.hook.goose_on_step if self.hook is not None else None
 
         try:
@@ -259,7 +259,9 @@ class Decoder:
                     state = DraftState(
                         seq, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, step
                     )
-                    tree = self._shape(DraftContext(state, self.sources), anchor, max_depth)
+                    ctx = DraftContext(state, self.sources)
+                    tree = self._shape(ctx, anchor, max_depth)
+                    t_sources += ctx.source_s
                 if tree is None:
                     tree = DraftTree.single(anchor)
                 t1 = time.perf_counter()
@@ -307,7 +309,13 @@ class Decoder:
             per_source,
             dict(routes),
             tuple(accept_lengths),
-            {"draft": t_draft, "verify": t_verify, "observe": t_observe, "total": time.perf_counter() - t_start},
+            {
+                "draft": t_draft,
+                "sources": t_sources,
+                "verify": t_verify,
+                "observe": t_observe,
+                "total": time.perf_counter() - t_start,
+            },
             stopped_by,
             extra,
             dict(route_time),

@@ -7,6 +7,8 @@ node). Options are pydantic models with ``extra="forbid"``.
 
 from __future__ import annotations
 
+import time
+
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -164,13 +166,14 @@ class DraftContext:
     errors it raises come back as :class:`~goose.errors.DraftSourceError` naming the source.
     """
 
-    __slots__ = ("state", "sources", "_proposals", "_succ")
+    __slots__ = ("state", "sources", "_proposals", "_succ", "source_s")
 
     def __init__(self, state: DraftState, sources: Sequence[DraftSource]):
         self.state = state
         self.sources = tuple(sources)
         self._proposals: dict[str, Proposal | None] = {}
         self._succ = tuple(s for s in self.sources if s.provides_successors)
+        self.source_s = 0.0  # seconds spent inside the sources (propose, successors) this step
 
     @property
     def budget(self) -> int:
@@ -186,7 +189,9 @@ class DraftContext:
         if name in self._proposals:
             return self._proposals[name]
         src = self.source(name)
+        t0 = time.perf_counter()
         result = None if src is None else _call_source(src, self.state)
+        self.source_s += time.perf_counter() - t0
         self._proposals[name] = result
         return result
 
@@ -205,14 +210,18 @@ class DraftContext:
 
     def successors(self, token: int, prev: int | None) -> tuple[Sequence[int], Sequence[float], str]:
         """Successors from the first successor-providing source that knows ``token``."""
-        for s in self._succ:
-            try:
-                ids, scores = s.successors(token, prev)
-            except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
-                raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
-            if len(ids):
-                return ids, scores, s.name
-        return (), (), ""
+        t0 = time.perf_counter()
+        try:
+            for s in self._succ:
+                try:
+                    ids, scores = s.successors(token, prev)
+                except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
+                    raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
+                if len(ids):
+                    return ids, scores, s.name
+            return (), (), ""
+        finally:
+            self.source_s += time.perf_counter() - t0
 
 
 def _call_source(src: DraftSource, state: DraftState) -> Proposal | None:

@@ -121,6 +121,15 @@ def test_bench_end_to_end_on_a_local_folder(tiny_model_dir, tmp_path, capsys):
         assert ("ALL", m) in rows
         assert f"| ALL | {m} |" in printed
     assert "identical to greedy decoding on every prompt" in printed
+    # the profile: one row per Goose method, parts adding up to the step time
+    prof = {r["method"]: r for r in data["profile"]}
+    assert set(prof) == set(methods) - {"ar", "hf-pld"}
+    for m, r in prof.items():
+        parts = sum(r[k] for k in bench.PROFILE_PARTS)
+        assert r["steps"] > 0 and abs(parts - r["ms_per_step"]) <= 0.05 * r["ms_per_step"] + 0.05, (m, r)
+        assert r["forward"] > 0 and r["ceiling"] > 0 and 0 <= r["overhead"] < 1
+    assert prof["tr"]["sources"] > 0 and prof["tr"]["harvest"] > 0
+    assert "| method | steps | ms/step | forward | sources |" in printed
     assert (out / "results.md").read_text().strip() in printed
     # a partial file reports too, and --first keeps the first prompt of each dataset
     rc = main(["report", str(out / "results.json"), "--first", "demo=1"])
