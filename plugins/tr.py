@@ -83,7 +83,10 @@ class TokenTable:
         if n == 0:
             return
         k = min(self.k, self.vocab_size)
-        vals, idx = torch.topk(logits[:n, : self.vocab_size], k, dim=-1)  # [n, k]
+        x = logits[:n, : self.vocab_size]
+        if x.dtype in (torch.bfloat16, torch.float16):
+            x = x.float()  # topk on 16-bit logits is slower on CPU than upcasting first
+        vals, idx = torch.topk(x, k, dim=-1)  # [n, k]
         probs = torch.softmax(vals.float(), dim=-1)
         probs = torch.nan_to_num(probs, nan=0.0, posinf=1.0, neginf=0.0)
         idx_l = idx.tolist()

@@ -1,5 +1,8 @@
 """What the verifier reports to observers: predecessors, paths, the cache after commits."""
 
+import pytest
+import torch
+
 import goose
 from goose.testing import ToyCausalLM
 from goose.verifiers.greedy import ROOT_PREDECESSOR_ROUTES
@@ -31,3 +34,15 @@ def test_root_predecessor_by_route():
             produced += len(st.committed)
         assert produced == len(out.token_ids)
         assert {s.tree.route for s in steps} <= {"single", "chain", "spine", "bypass"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_top1_is_argmax_with_ties(dtype):
+    """The walk's argmax picks the first of equal maxima in every dtype, as greedy decoding does."""
+    from goose.verifiers.greedy import top1
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 4096, generator=g) * 2).round().to(dtype)  # coarse values: many ties
+    x[0, 7] = x[0, 3] = x[0].max() + 1  # an exact tie on row 0
+    assert top1(x) == tuple(x.float().argmax(-1).tolist())
+    assert top1(x)[0] == 3

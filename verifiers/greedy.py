@@ -110,7 +110,7 @@ class GreedyTreeVerifier(Verifier):
         self.past_len = n
         self.before_root = int(ids[0, -1])
         prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])
-        argmax = tuple(logits.argmax(-1).tolist())
+        argmax = top1(logits)
         return Verified("prefill", ids[0], prev, logits, argmax, bonus=argmax[-1])
 
     @torch.inference_mode()
@@ -127,7 +127,7 @@ class GreedyTreeVerifier(Verifier):
         t1 = time.perf_counter()
         logits = self._forward(ids, mask, pos)
         t2 = time.perf_counter()
-        argmax = tuple(logits.argmax(-1).tolist())
+        argmax = top1(logits)
         path = walk(tree, argmax)
         t3 = time.perf_counter()
         self.commit(past, path, tree.num_nodes)
@@ -173,6 +173,18 @@ class GreedyTreeVerifier(Verifier):
     def stats(self) -> dict:
         """Seconds spent per part of verification in the last generation."""
         return dict(getattr(self, "timers", {}))
+
+
+def top1(logits: torch.Tensor) -> tuple[int, ...]:
+    """Each row's argmax (first index among equal maxima, as ``argmax`` and transformers' greedy).
+
+    For 16-bit logits ``max(-1).indices`` is used: the same indices (ties included), while
+    ``argmax`` on bfloat16 runs a slow path on CPU (measured ~20 ms for 60 x 49,152 logits on
+    one thread, against ~2.5 ms).
+    """
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        return tuple(logits.max(-1).indices.tolist())
+    return tuple(logits.argmax(-1).tolist())
 
 
 def walk(tree: DraftTree, argmax) -> tuple[int, ...]:
