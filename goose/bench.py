@@ -514,18 +514,21 @@ def _report(args) -> int:
 
 
 class _TreeCatcher:
-    """Keeps one verified tree worth drawing: the most accepted tokens among the largest trees."""
+    """Keeps one verified tree worth drawing: a real tree (with branches) before a plain chain,
+    then the most accepted tokens among the largest trees."""
 
     def __init__(self, runners):
         self.decoders = {id(r.decoder) for r in runners.values() if r.decoder is not None}
         self.best = None
-        self.key = (-1, -1)
+        self.key = (False, -1, -1)
 
     @hookimpl
     def goose_on_step(self, decoder, step):
         if id(decoder) not in self.decoders or step.tree.num_nodes < 3:
             return
-        key = (min(step.tree.num_nodes, 40) * (1 + len(step.verified.path)), step.tree.num_nodes)
+        tree = step.tree
+        branched = not tree.is_chain
+        key = (branched, min(tree.num_nodes, 40) * (1 + len(step.verified.path)), tree.num_nodes)
         if key > self.key:
             self.key, self.best = key, step
 
