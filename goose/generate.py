@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--model", default="smollm2", help="model name or local Hugging Face folder")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--method", default="spine", help=METHODS_HELP)
+    g.add_argument("--method", default="spine-fit", help=METHODS_HELP + " (default spine-fit: the fastest measured here)")
     g.add_argument("--budget", type=int, default=None)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--threads", type=int, default=2)
