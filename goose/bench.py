@@ -205,9 +205,10 @@ def profile(runs: list[Run], methods: list[str]) -> list[dict]:
     sources (proposals and successor lookups), ``tree``: the rest of shaping the tree, ``mask``:
     the 4-D mask and position ids, ``walk``: argmax and the greedy walk, ``commit``: the KV cache
     commit, ``harvest``: feeding the verified logits back to the sources, ``other``: the loop's own
-    bookkeeping. ``ceiling``: greedy's time / this method's model-forward time (prefill included),
-    the speedup if everything but the forwards were free, i.e. about tau x (one-token forward time
-    / mean verification-forward time).
+    bookkeeping. ``ceiling``: tokens per second of model-forward time (prefill included) over
+    greedy's tokens per second, the speedup if everything but the forwards were free, i.e. about
+    tau x (one-token forward time / mean verification-forward time); ``speedup``: tokens/s over
+    greedy's, pooled (as in the main table).
     """
     ar = {(r.dataset, r.prompt_id): r for r in runs if r.method == "ar"}
     rows = []
@@ -218,6 +219,7 @@ def profile(runs: list[Run], methods: list[str]) -> list[dict]:
         parts = dict.fromkeys(PROFILE_PARTS, 0.0)
         steps = 0
         total = fwd_all = ar_s = method_s = 0.0
+        ar_tok = method_tok = 0
         split = True
         for r in mine:
             t = r.stats.get("time_s", {})
@@ -232,8 +234,11 @@ def profile(runs: list[Run], methods: list[str]) -> list[dict]:
             for k in ("forward", "mask", "walk", "commit"):
                 parts[k] += vt.get(k, 0.0)
             fwd_all += vt.get("forward", 0.0) + vt.get("prefill_forward", 0.0)
-            ar_s += ar[(r.dataset, r.prompt_id)].seconds
+            a = ar[(r.dataset, r.prompt_id)]
+            ar_s += a.seconds
+            ar_tok += len(a.tokens)
             method_s += r.seconds
+            method_tok += len(r.tokens)
         known = sum(v for k, v in parts.items() if k != "other")
         prefill = fwd_all - parts["forward"]
         parts["other"] = max(0.0, total - known - prefill)
@@ -243,8 +248,9 @@ def profile(runs: list[Run], methods: list[str]) -> list[dict]:
         if not split:
             row["sources"] = None  # only the sum (in "tree") is known
         row["overhead"] = (total - fwd_all) / total if total else None
-        row["ceiling"] = ar_s / fwd_all if fwd_all else None
-        row["speedup"] = ar_s / method_s if method_s else None
+        ar_rate = ar_tok / ar_s if ar_s else 0.0  # tokens/s of greedy
+        row["ceiling"] = (method_tok / fwd_all) / ar_rate if fwd_all and ar_rate else None
+        row["speedup"] = (method_tok / method_s) / ar_rate if method_s and ar_rate else None
         rows.append(row)
     return rows
 
