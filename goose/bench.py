@@ -289,7 +289,7 @@ def add_parser(sub) -> None:
     b.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     b.add_argument("--threads", type=int, default=2, help="torch threads (same for every method)")
-    b.add_argument("--datasets", default="demo", help="comma-separated; datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH; append @N to take the first N prompts of one dataset")
+    b.add_argument("--datasets", default="demo", help="comma-separated; datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH; append @N to take the first N prompts of one dataset, @FIRST-LAST for prompts FIRST to LAST (1-based)")
     b.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA or ../shared/data)")
     b.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each dataset")
     b.add_argument("--max-new-tokens", type=int, default=128)
@@ -431,7 +431,7 @@ def _count(text: str, what: str, example: str) -> int:
 
 
 def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | None = None) -> list:
-    """The prompts of ``--datasets`` (``name[@N]``, comma-separated), interleaved round-robin."""
+    """The prompts of ``--datasets`` (``name[@N]`` or ``name@FIRST-LAST``, comma-separated), interleaved round-robin."""
     from goose import datasets
     from goose.errors import InvalidInputError
 
@@ -439,10 +439,27 @@ def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | No
         _count(str(num_prompts), "--num-prompts", "--num-prompts 20")
     prompts = []
     for item in [d.strip() for d in spec.split(",") if d.strip()]:
-        name, at, count = item.partition("@")  # "spec_bench:summarization@2": the first 2 prompts
-        n = _count(count, f"--datasets {item}", f"{name}@3") if at else num_prompts
+        # "spec_bench:summarization@2": the first 2 prompts; "humaneval@8-20": prompts 8 to 20 (1-based, inclusive)
+        name, at, count = item.partition("@")
+        first, dash, last = count.partition("-") if at else ("", "", "")
+        if dash and first:
+            start = _count(first, f"--datasets {item} (first prompt of the range)", f"{name}@8-20")
+            end = _count(last, f"--datasets {item} (last prompt of the range)", f"{name}@8-20")
+            if end < start:
+                raise InvalidInputError(
+                    f"--datasets {item}: the range {start}-{end} ends before it starts; "
+                    f"give FIRST-LAST with FIRST <= LAST (e.g. {name}@8-20)"
+                )
+            lo, hi = start - 1, end
+        else:
+            lo, hi = 0, _count(count, f"--datasets {item}", f"{name}@3") if at else num_prompts
         ps = datasets.load(name, data_dir)
-        prompts.extend(ps[:n] if n else ps)
+        if lo >= len(ps):
+            raise InvalidInputError(
+                f"--datasets {item}: {name} has {len(ps)} prompts, so a range cannot start at prompt {lo + 1}. "
+                f"Hint: {name}@1-{len(ps)}"
+            )
+        prompts.extend(ps[lo:hi] if hi else ps[lo:])
     if not prompts:
         raise InvalidInputError(f"no prompts selected by --datasets {spec!r}. Hint: --datasets demo")
     return _round_robin(prompts)

@@ -38,6 +38,24 @@ def test_bad_prompt_count_after_at_is_named(spec):
     assert spec in msg and "whole number >= 1" in msg and "demo@3" in msg
 
 
+def test_select_prompts_takes_a_one_based_inclusive_range():
+    demo = datasets.demo()
+    ps = bench.select_prompts(f"demo@2-{len(demo)}")
+    assert sorted(p.id for p in ps) == sorted(p.id for p in demo[1:])
+    assert [p.id for p in bench.select_prompts("demo@2-2")] == [demo[1].id]
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [("demo@3-2", "ends before it starts"), ("demo@0-2", "whole number >= 1"), ("demo@2-x", "whole number >= 1"),
+     ("demo@99-100", "cannot start at prompt 99")],
+)
+def test_bad_prompt_range_is_named(spec, needle):
+    with pytest.raises(InvalidInputError) as e:
+        bench.select_prompts(spec)
+    assert spec in str(e.value) and needle in str(e.value)
+
+
 def test_bad_num_prompts_is_named():
     with pytest.raises(InvalidInputError, match="--num-prompts.*whole number >= 1"):
         bench.select_prompts("demo", num_prompts=0)
