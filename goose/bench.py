@@ -301,6 +301,12 @@ def add_parser(sub) -> None:
     b.add_argument("--no-gap", action="store_true", help="skip the top-2 logit gap at mismatches")
     b.add_argument("--out", default="goose-bench", help="folder for results.json, results.md and the PNG plots")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    b.add_argument(
+        "--greedy-from", default=None, metavar="RESULTS",
+        help="reuse the greedy (ar) outputs of an earlier run's results.json (same model, dtype, threads, "
+        "max_new_tokens, prompt format) instead of decoding them again: for tau and identity checks of "
+        "added methods; its speedups then mix two runs' timings",
+    )
     b.set_defaults(func=run)
 
 
@@ -320,11 +326,12 @@ def run(args) -> int:
         methods = ["ar", *methods]
     methods = ["ar", *[m for m in methods if m != "ar"]]
     prompts = select_prompts(args.datasets, args.data_dir, args.num_prompts)
+    reused = load_greedy(args.greedy_from, args, prompts) if getattr(args, "greedy_from", None) else None
     t_phase = time.perf_counter()
     model, tok = models.load(args.model, args.dtype)
     _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
     t_phase = time.perf_counter()
-    runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens) for m in methods}
+    runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens) for m in methods if not (reused and m == "ar")}
     _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve once per machine)")
 
     def encode(text: str):
@@ -348,6 +355,9 @@ def run(args) -> int:
         for k, p in enumerate(prompts):
             ids = encode(p.text)
             for m in methods:
+                if reused and m == "ar":
+                    runs.append(reused[(p.dataset, p.id)])
+                    continue
                 _progress(k, len(prompts), p, m, t_start)
                 times, toks, st = [], None, {}
                 for _ in range(max(1, args.repeats)):
@@ -388,11 +398,15 @@ def run(args) -> int:
         "chat": args.chat,
         "repeats": args.repeats,
         "warmup": args.warmup,
+        "greedy_from": getattr(args, "greedy_from", None),
     }
     print(
         f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {len(prompts)} prompts, "
         f"max_new_tokens {args.max_new_tokens}; methods interleaved per prompt; speedup vs ar (transformers greedy)\n"
     )
+    if reused:
+        print(f"Greedy (ar) outputs and timings reused from {args.greedy_from}: compare tau and identity; "
+              "speedups mix two runs' timings.\n")
     print(md)
     print()
     if mismatches:
@@ -419,6 +433,36 @@ def run(args) -> int:
             else:
                 print("Plots skipped: matplotlib is not installed (pip install 'goose-spec[plots]')")
     return 0
+
+
+def load_greedy(path: str, args, prompts: list) -> dict:
+    """The ``ar`` runs of an earlier results.json for ``prompts``, checked to be comparable."""
+    from goose.errors import InvalidInputError
+
+    f = Path(path)
+    f = f / "results.json" if f.is_dir() else f
+    if not f.is_file():
+        raise InvalidInputError(f"--greedy-from {path}: no results file at {f}. Hint: the --out folder of an earlier goose bench")
+    data = json.loads(f.read_text())
+    meta = data.get("meta", {})
+    want = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "max_new_tokens": args.max_new_tokens, "chat": args.chat}
+    differ = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
+    if differ:
+        what = ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
+        raise InvalidInputError(
+            f"--greedy-from {path}: that run is not comparable ({what}); greedy outputs are reused only from a run "
+            "with the same model, dtype, threads, max_new_tokens and prompt format"
+        )
+    ar = {(r["dataset"], r["prompt_id"]): Run(**r) for r in data.get("runs", []) if r.get("method") == "ar"}
+    missing = [f"{p.dataset}/{p.id}" for p in prompts if (p.dataset, p.id) not in ar]
+    if missing:
+        raise InvalidInputError(
+            f"--greedy-from {path}: no greedy output there for {len(missing)} selected prompt(s), e.g. {missing[:3]}. "
+            "Hint: select prompts that run covered, or drop --greedy-from"
+        )
+    for r in ar.values():
+        r.stats = {**r.stats, "reused_from": str(f)}
+    return ar
 
 
 def _count(text: str, what: str, example: str) -> int:

@@ -153,3 +153,29 @@ def test_bench_end_to_end_on_a_local_folder(tiny_model_dir, tmp_path, capsys):
     rc = main(["report", str(out / "results.json"), "--first", "demo=1"])
     rep = capsys.readouterr().out
     assert rc == 0 and rep.startswith("1 prompts with every method finished")
+
+
+def test_greedy_from_reuses_an_earlier_runs_greedy_outputs(tiny_model_dir, tmp_path, capsys):
+    common = ["--model", str(tiny_model_dir), "--max-new-tokens", "16", "--threads", "1", "--warmup", "0", "--no-plots"]
+    first = tmp_path / "first"
+    assert main(["bench", *common, "--datasets", "demo@2", "--methods", "ar", "--out", str(first)]) == 0
+    capsys.readouterr()
+    second = tmp_path / "second"
+    rc = main(["bench", *common, "--datasets", "demo@2", "--methods", "pld", "--greedy-from", str(first), "--out", str(second)])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "reused from" in printed
+    old = {(r["dataset"], r["prompt_id"]): r["tokens"] for r in json.loads((first / "results.json").read_text())["runs"]}
+    data = json.loads((second / "results.json").read_text())
+    ar = [r for r in data["runs"] if r["method"] == "ar"]
+    assert len(ar) == 2 and all(r["tokens"] == old[(r["dataset"], r["prompt_id"])] for r in ar)
+    assert all(r["stats"]["reused_from"].endswith("results.json") for r in ar)
+    assert data["meta"]["greedy_from"] == str(first)
+    # not comparable: another thread count; prompts the earlier run did not cover; no file
+    for extra, needle in [
+        (["--threads", "2", "--datasets", "demo@2"], "threads 1 there, 2 here"),
+        (["--datasets", "demo@3"], "no greedy output there for 1 selected prompt"),
+    ]:
+        args = ["bench", *common, "--methods", "pld", "--greedy-from", str(first), "--out", "", *extra]
+        assert main(args) != 0 and needle in capsys.readouterr().err
+    rc = main(["bench", *common, "--datasets", "demo@2", "--methods", "pld", "--greedy-from", str(tmp_path / "none"), "--out", ""])
+    assert rc != 0 and "no results file" in capsys.readouterr().err
