@@ -1,23 +1,36 @@
 """``fit``: fit any policy's tree to the device, and fall back to plain decoding when no tree pays.
 
-Each step the inner policy (default ``spine``) shapes its tree; ``fit`` estimates every node's
-probability of acceptance from what was accepted so far in this generation (per origin, depth
-and sibling rank, with a prior), and keeps the subtree that maximises expected tokens per second:
+Each step the inner policy (default ``spine``) shapes its tree; ``fit`` gives every node its
+probability of being accepted under the theory module's acceptance model
+(:class:`goose.theory.model.AcceptanceModel`: spine rates ``p_d`` per depth, per-origin rank
+vectors ``q^o_r``, siblings' events disjoint, spine child first), with the rates estimated online
+from this generation's verified trees (:func:`goose.theory.calibrate.count_step`, shrunk toward a
+prior by :func:`goose.theory.calibrate.smoothed`; one set of rates per route, since a bypass
+chain is drafted only when the context match is confident). It keeps the subtree that maximises
+expected tokens per second:
 
     (1 + sum of the kept nodes' acceptance probabilities) / t(kept nodes + 1)
 
 where ``t(n)`` is the measured forward latency for n tokens on this model, dtype, device and
-thread count (``goose.latency``). Because a child is never likelier than its parent, the best
-subtree of m nodes is the m likeliest nodes. When keeping no node (a single step) is best, the
-step is an ordinary decoding step (the automatic fallback, counted in the stats); every
-``explore_every``-th fallback in a row still verifies the inner tree, so estimates keep learning.
+thread count (``goose.latency``). A child is never likelier than its parent and a source's
+lower-ranked candidate never likelier than a better-ranked sibling, so the m likeliest nodes form
+a subtree that keeps rank prefixes; pruning a node only raises its later siblings' probability in
+the cascade, so the sum over the full tree's probabilities is a lower bound of the kept tree's
+exact expectation, which is what the stats report (``fit_predicted_tokens``, next to the tokens
+the fitted steps actually committed). The budget and the spine share (the share of kept nodes
+that are spine nodes) are both chosen this way, step by step.
+
+When keeping no node (a single step) is best, the step is an ordinary decoding step (the
+automatic fallback, counted in the stats); every ``explore_every``-th fallback in a row still
+verifies the inner tree, so estimates keep learning. ``estimator="classes"`` replaces the model
+by independent per-class rates (origin, depth, sibling rank), the estimate used before.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -35,9 +48,20 @@ class FitOptions(Options):
     )
     prior: float = Field(0.3, ge=0.0, le=1.0, description="prior acceptance probability of a node class")
     prior_weight: float = Field(2.0, gt=0.0, description="pseudo-observations behind the prior")
-    max_depth_bucket: int = Field(8, ge=1, description="depths beyond this share one estimate")
+    max_depth_bucket: int = Field(8, ge=1, description="classes: depths beyond this share one estimate")
+    max_spine_depth: int = Field(32, ge=1, description="cascade: spine depths beyond this share one rate")
+    carry: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="cascade: share of the acceptance counts carried into the decoder's next generation (0: start afresh)",
+    )
     fallback: bool = Field(True, description="plain decoding step when no tree is worth its cost")
     explore_every: int = Field(8, ge=1, description="verify the full tree after this many fallbacks in a row")
+    estimator: Literal["cascade", "classes"] = Field(
+        "cascade",
+        description="'cascade': the theory module's acceptance model with online rates; "
+        "'classes': independent rates per (origin, depth, sibling rank)",
+    )
+    max_rank: int = Field(16, ge=1, description="cascade: sibling ranks beyond this are given probability 0")
 
 
 class FitPolicy(TreePolicy):
@@ -79,10 +103,19 @@ class FitPolicy(TreePolicy):
         return self.inner.max_nodes(budget)
 
     def begin(self, request: Request | None) -> None:
+        from goose.theory.calibrate import Counts
+
         self.acc.clear()
         self.trials.clear()
+        old = getattr(self, "route_counts", {})
+        self.route_counts: dict[str, Counts] = defaultdict(Counts)
+        if request is not None and self.options.carry > 0.0:
+            for route, c in old.items():
+                self.route_counts[route] = _scaled(c, self.options.carry)
+        self.models: dict = {}
         self.counts: Counter = Counter()
         self.streak = 0
+        self.pending: float | None = None
         if request is not None:
             self.inner.begin(request)
 
@@ -111,12 +144,21 @@ class FitPolicy(TreePolicy):
             self._t = self.curve.table(512) if self.curve is not None else None
         if self._t is None:
             return tree
-        keys = self._keys(tree)
         parents = tree.parents
         n = tree.num_nodes
-        prob = [1.0] * n
-        for i in range(1, n):
-            prob[i] = prob[parents[i]] * self._prob(keys[i])
+        model = self._model(tree.route) if self.options.estimator == "cascade" else None
+        if model is not None:
+            try:
+                prob = self._reach(model, tree)
+            except ValueError:  # a plugin tree outside the model (e.g. two spine children): per-class rates
+                model = None
+                c0 = self.counts
+                c0["model_misfits"] += 1
+        if model is None:
+            keys = self._keys(tree)
+            prob = [1.0] * n
+            for i in range(1, n):
+                prob[i] = prob[parents[i]] * self._prob(keys[i])
         order = sorted(range(1, n), key=lambda i: (-prob[i], i))
         t = self._t
         best_m, best_v, gain = 0, 1.0 / t[1], 1.0
@@ -138,22 +180,60 @@ class FitPolicy(TreePolicy):
         c["fitted_steps"] += 1
         c["nodes_offered"] += n - 1
         c["nodes_kept"] += best_m
-        if best_m == n - 1:
-            return tree
         keep = sorted([0, *order[:best_m]])
-        remap = {old: new for new, old in enumerate(keep)}
-        return DraftTree(
-            tuple(tree.tokens[i] for i in keep),
-            tuple(-1 if i == 0 else remap[parents[i]] for i in keep),
-            tuple(tree.origins[i] for i in keep),
-            None if tree.scores is None else tuple(tree.scores[i] for i in keep),
-            tree.route,
-            dict(tree.meta),
-        )
+        c["spine_offered"] += sum(1 for o in tree.origins if o == "spine")
+        c["spine_kept"] += sum(1 for i in keep if tree.origins[i] == "spine")
+        if best_m == n - 1:
+            out = tree
+        else:
+            remap = {old: new for new, old in enumerate(keep)}
+            out = DraftTree(
+                tuple(tree.tokens[i] for i in keep),
+                tuple(-1 if i == 0 else remap[parents[i]] for i in keep),
+                tuple(tree.origins[i] for i in keep),
+                None if tree.scores is None else tuple(tree.scores[i] for i in keep),
+                tree.route,
+                dict(tree.meta),
+            )
+        if model is not None:
+            self.pending = model.expected_tokens(out)
+        return out
+
+    def _model(self, route: str):
+        m = self.models.get(route)
+        if m is None:
+            from goose.theory.calibrate import smoothed
+
+            o = self.options
+            m = self.models[route] = smoothed(
+                self.route_counts[route], o.prior, o.prior_weight, o.max_spine_depth, o.max_rank
+            )
+        return m
+
+    @staticmethod
+    def _reach(model, tree: DraftTree) -> list[float]:
+        cond = model.conditional(tree)
+        parents = tree.parents
+        prob = [1.0] * tree.num_nodes
+        for i in range(1, tree.num_nodes):
+            prob[i] = prob[parents[i]] * float(cond[i])
+        return prob
 
     def observe(self, verified: Verified) -> None:
         tree = verified.tree
         if verified.kind == "tree" and tree is not None and tree.num_nodes > 1:
+            if self.pending is not None:
+                self.counts["predicted_tokens"] += self.pending
+                self.counts["predicted_steps_tokens"] += len(verified.path)
+                self.pending = None
+            if self.options.estimator == "cascade":
+                from goose.theory.calibrate import count_step
+
+                try:
+                    count_step(self.route_counts[tree.route], tree.parents, tree.origins, verified.path)
+                    self.models.pop(tree.route, None)
+                except ValueError:
+                    pass
             on_path = set(verified.path)
             keys = self._keys(tree)
             for i in range(1, tree.num_nodes):
@@ -172,8 +252,31 @@ class FitPolicy(TreePolicy):
             fit_steps=c["fitted_steps"],
             fit_nodes_offered=c["nodes_offered"],
             fit_nodes_kept=c["nodes_kept"],
+            fit_spine_offered=c["spine_offered"],
+            fit_spine_kept=c["spine_kept"],
+            fit_predicted_tokens=round(float(c["predicted_tokens"]), 3),
+            fit_predicted_steps_tokens=c["predicted_steps_tokens"],
+            fit_model_misfits=c["model_misfits"],
         )
         return out
+
+
+def _scaled(c, share: float):
+    """A copy of :class:`goose.theory.calibrate.Counts` with every count multiplied by ``share``."""
+    from goose.theory.calibrate import Counts
+
+    out = Counts()
+    for d, v in c.spine_trials.items():
+        out.spine_trials[d] = v * share
+    for d, v in c.spine_hits.items():
+        out.spine_hits[d] = v * share
+    for o, vec in c.rank_trials.items():
+        for r, v in vec.items():
+            out.rank_trials[o][r] = v * share
+    for o, vec in c.rank_hits.items():
+        for r, v in vec.items():
+            out.rank_hits[o][r] = v * share
+    return out
 
 
 @hookimpl(trylast=True)

@@ -28,9 +28,10 @@ def run(prompt, n, latency, **opts):
     n=st.integers(1, 60),
     latency=st.sampled_from([FLAT, STEEP, {1: 1.0, 8: 1.5, 32: 4.0, 128: 20.0}]),
     prior=st.sampled_from([0.05, 0.3, 0.9]),
+    estimator=st.sampled_from(["cascade", "classes"]),
 )
-def test_fit_is_lossless(prompt, n, latency, prior):
-    run(prompt, n, latency, prior=prior)
+def test_fit_is_lossless(prompt, n, latency, prior, estimator):
+    run(prompt, n, latency, prior=prior, estimator=estimator)
 
 
 def test_steep_latency_falls_back_to_plain_decoding():
@@ -65,3 +66,65 @@ def test_measure_and_cache_on_a_model():
 def test_fit_refuses_to_wrap_itself():
     with pytest.raises(goose.InvalidInputError, match="cannot wrap itself"):
         goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="fit", policy_options={"inner": "spine-fit"})
+
+
+def test_cascade_estimates_report_prediction_spine_share_and_carry_over():
+    dec = goose.compose(
+        ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-fit",
+        policy_options={"latency": {1: 1.0, 8: 1.5, 32: 4.0, 128: 20.0}, "carry": 0.5}, budget=24,
+    )
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    out = dec.generate(prompt, max_new_tokens=60)
+    assert out.token_ids == reference_greedy(prompt, 60, 16)
+    st_ = out.stats.extra["policy"]
+    assert st_["fit_model_misfits"] == 0
+    assert 0 <= st_["fit_spine_kept"] <= st_["fit_spine_offered"] and st_["fit_spine_kept"] <= st_["fit_nodes_kept"]
+    # one prediction per fitted step, each between 1 (the bonus) and 1 + the nodes kept
+    assert st_["fit_steps"] <= st_["fit_predicted_tokens"] <= st_["fit_steps"] + st_["fit_nodes_kept"]
+    assert st_["fit_predicted_steps_tokens"] >= st_["fit_steps"]
+    pol = dec.policy
+    def trials(c):
+        return sum(c.spine_trials.values()) + sum(sum(v.values()) for v in c.rank_trials.values())
+
+    seen = {r: trials(c) for r, c in pol.route_counts.items()}
+    assert sum(seen.values()) > 0
+    from goose.interfaces import Request
+
+    pol.begin(Request(tuple(prompt), 16, 60, 24))
+    carried = {r: trials(c) for r, c in pol.route_counts.items()}
+    assert carried == {r: v * 0.5 for r, v in seen.items()}
+
+
+def test_smoothed_rates_shrink_toward_the_shallower_depth_and_stay_a_distribution():
+    from goose.theory.calibrate import Counts, smoothed
+
+    c = Counts()
+    c.spine_trials.update({1: 100, 2: 50, 3: 1})
+    c.spine_hits.update({1: 90, 2: 45, 3: 1})
+    c.rank_trials["branch"].update({1: 40, 2: 40, 3: 40})
+    c.rank_hits["branch"].update({1: 2, 2: 10, 3: 0})
+    m = smoothed(c, prior=0.3, weight=2.0, pool_from=8, ranks=4)
+    assert m.p(1) == pytest.approx((90 + 0.6) / 102)
+    assert m.p(2) == pytest.approx((45 + 2 * m.p(1)) / 52)
+    assert m.p(3) == pytest.approx((1 + 2 * m.p(2)) / 3)
+    assert m.p(4) == pytest.approx(m.p(3))  # no trials: the shallower rate
+    q = m.rates("branch")
+    assert all(a >= b for a, b in zip(q, q[1:], strict=False)) and sum(q) <= 1.0
+    assert q[1] == q[0]  # rank 2's higher raw rate is capped by rank 1's
+
+
+def test_a_tree_outside_the_model_is_fitted_with_per_class_rates():
+    from goose.tree import DraftTree
+    from goose.policies.fit import FitOptions, FitPolicy
+
+    two_spines = DraftTree.build([5, 1, 2, 3], [-1, 0, 0, 1], ["root", "spine", "spine", "branch"])
+
+    class Stub:
+        def shape(self, ctx):
+            return two_spines
+
+    pol = FitPolicy(FitOptions(latency=FLAT))
+    pol.inner = Stub()
+    got = pol.shape(None)
+    assert pol.counts["model_misfits"] == 1
+    assert got is two_spines  # flat latency: every node pays

@@ -33,7 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from goose.hookspecs import hookimpl
-from goose.theory.model import SPINE, AcceptanceModel, _children, _depths, _origin_groups, path_to, simulate_walks
+from goose.theory.model import (
+    SPINE,
+    AcceptanceModel,
+    _children,
+    _depths,
+    _origin_groups,
+    independent_ranks,
+    path_to,
+    simulate_walks,
+)
 
 
 @dataclass(frozen=True)
@@ -197,32 +206,76 @@ class Counts:
     rank_hits: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
 
 
+def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int], spine_origin: str = SPINE) -> None:
+    """Add one verified step's trials and hits to ``c`` (the estimators of the module docstring)."""
+    kids = _children(parents)
+    depth = _depths(parents)
+    nxt = {a: b for a, b in zip(path[:-1], path[1:], strict=True)}
+    for u in path:
+        taken = nxt.get(u)
+        spine = [k for k in kids[u] if origins[k] == spine_origin]
+        if len(spine) > 1:
+            raise ValueError(f"node {u} has several spine children")
+        if spine:
+            c.spine_trials[depth[spine[0]]] += 1
+            if taken == spine[0]:
+                c.spine_hits[depth[spine[0]]] += 1
+                continue
+        for origin, group in _origin_groups(kids[u], origins, spine_origin):
+            hit = False
+            for r, k in enumerate(group, 1):
+                c.rank_trials[origin][r] += 1
+                if taken == k:
+                    c.rank_hits[origin][r] += 1
+                    hit = True
+            if hit:
+                break
+
+
 def count(records: Iterable[Record], spine_origin: str = SPINE) -> Counts:
     c = Counts()
     for rec in records:
-        kids = _children(rec.parents)
-        depth = _depths(rec.parents)
-        nxt = {a: b for a, b in zip(rec.path[:-1], rec.path[1:], strict=True)}
-        for u in rec.path:
-            taken = nxt.get(u)
-            spine = [k for k in kids[u] if rec.origins[k] == spine_origin]
-            if len(spine) > 1:
-                raise ValueError(f"record {rec.dataset}/{rec.request}/{rec.step}: node {u} has several spine children")
-            if spine:
-                c.spine_trials[depth[spine[0]]] += 1
-                if taken == spine[0]:
-                    c.spine_hits[depth[spine[0]]] += 1
-                    continue
-            for origin, group in _origin_groups(kids[u], rec.origins, spine_origin):
-                hit = False
-                for r, k in enumerate(group, 1):
-                    c.rank_trials[origin][r] += 1
-                    if taken == k:
-                        c.rank_hits[origin][r] += 1
-                        hit = True
-                if hit:
-                    break
+        try:
+            count_step(c, rec.parents, rec.origins, rec.path, spine_origin)
+        except ValueError as exc:
+            raise ValueError(f"record {rec.dataset}/{rec.request}/{rec.step}: {exc}") from None
     return c
+
+
+def smoothed(
+    c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = SPINE
+) -> AcceptanceModel:
+    """The online form of :func:`estimate`, for a model that must exist from the first step.
+
+    Every rate is shrunk toward a prior with ``weight`` pseudo-trials: ``p_1`` toward ``prior``,
+    ``p_d`` toward the estimate of ``p_{d-1}`` (deep spine nodes are tried far less often than
+    shallow ones, and a context match that held to depth d - 1 tends to hold on, so the shallower
+    rate is the better guess where data is thin), ``q^o_r`` toward the independent prior
+    ``prior (1 - prior)^(r - 1)``. Depths >= ``pool_from`` share one rate, ranks beyond ``ranks``
+    get 0. Each rank vector is made non-increasing (a
+    source's lower-ranked candidate is never likelier than a better-ranked one, so the likeliest
+    nodes of a tree keep rank prefixes) and scaled to sum to at most 1. Origins never seen use the
+    prior vector.
+    """
+    spine = []
+    for d in range(1, pool_from + 1):
+        if d < pool_from:
+            t, h = c.spine_trials.get(d, 0), c.spine_hits.get(d, 0)
+        else:
+            t = sum(v for k, v in c.spine_trials.items() if k >= pool_from)
+            h = sum(v for k, v in c.spine_hits.items() if k >= pool_from)
+        spine.append((h + (spine[-1] if spine else prior) * weight) / (t + weight))
+    base = np.asarray(independent_ranks(prior, ranks))
+
+    def vector(trials: dict[int, int], hits: dict[int, int]) -> tuple[float, ...]:
+        t = np.asarray([trials.get(r, 0) for r in range(1, ranks + 1)], dtype=float)
+        h = np.asarray([hits.get(r, 0) for r in range(1, ranks + 1)], dtype=float)
+        v = np.minimum.accumulate((h + base * weight) / (t + weight))
+        s = v.sum()
+        return tuple(float(x) for x in (v / s if s > 1.0 else v))
+
+    per_origin = {o: vector(c.rank_trials[o], c.rank_hits[o]) for o in c.rank_trials}
+    return AcceptanceModel(tuple(spine), tuple(float(x) for x in base), per_origin, spine_origin)
 
 
 def _rank_vector(trials: dict[int, int], hits: dict[int, int]) -> tuple[float, ...]:
