@@ -527,10 +527,58 @@ def _round_robin(prompts: list) -> list:
     return out
 
 
-def summarize_file(path: str, first: dict[str, int] | None = None) -> tuple[str, list[dict], list[Run]]:
-    """The table of a (possibly partial) results.json; ``first`` keeps the first N prompts per dataset."""
-    data = json.loads(Path(path).read_text())
-    runs = [Run(**r) for r in data["runs"]]
+COMPARABLE = ("model", "dtype", "threads", "max_new_tokens", "chat")
+
+
+def merge_runs(paths: list[str]) -> list[Run]:
+    """The runs of several results.json files, each (prompt, method) from the first file that has it.
+
+    The files must come from comparable runs (same model, dtype, threads, max_new_tokens, prompt
+    format) and agree on every greedy output they share; otherwise a clear error.
+    """
+    from goose.errors import InvalidInputError
+
+    merged: dict[tuple[str, str, str], Run] = {}
+    where: dict[tuple[str, str, str], str] = {}
+    meta0, path0 = None, None
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        meta = {k: data.get("meta", {}).get(k) for k in COMPARABLE}
+        if meta0 is None:
+            meta0, path0 = meta, path
+        elif all(v is not None for v in meta.values()) and all(v is not None for v in meta0.values()) and meta != meta0:
+            what = ", ".join(f"{k} {meta0[k]!r} in {path0}, {meta[k]!r} in {path}" for k in COMPARABLE if meta[k] != meta0[k])
+            raise InvalidInputError(f"goose report: {path} is not comparable with {path0} ({what}); merge only runs of one setting")
+        for r in (Run(**x) for x in data["runs"]):
+            key = (r.dataset, r.prompt_id, r.method)
+            if key in merged:
+                if r.method == "ar" and r.tokens != merged[key].tokens:
+                    raise InvalidInputError(
+                        f"goose report: the greedy outputs of {r.dataset}/{r.prompt_id} differ between {where[key]} and "
+                        f"{path} (first mismatch at token {first_mismatch(r.tokens, merged[key].tokens)}); these runs are "
+                        "not comparable"
+                    )
+                continue
+            merged[key], where[key] = r, path
+    return list(merged.values())
+
+
+def summarize_file(
+    path: str | list[str], first: dict[str, int] | None = None, methods: list[str] | None = None
+) -> tuple[str, list[dict], list[Run]]:
+    """The table of one or more (possibly partial) results.json files; ``first`` keeps the first N
+    prompts per dataset, ``methods`` the given methods (``ar`` always)."""
+    runs = merge_runs([path] if isinstance(path, str) else list(path))
+    wanted = None
+    if methods:
+        from goose.errors import InvalidInputError
+
+        have = list(dict.fromkeys(r.method for r in runs))
+        absent = [m for m in methods if m not in have]
+        if absent:
+            raise InvalidInputError(f"goose report --methods: no runs of {absent} in these results; they have {have}")
+        wanted = ["ar", *[m for m in methods if m != "ar"]]
+        runs = [r for r in runs if r.method in wanted]
     if first:
         order: dict[str, list[str]] = {}
         for r in runs:
@@ -540,7 +588,7 @@ def summarize_file(path: str, first: dict[str, int] | None = None) -> tuple[str,
         keep = {(d, i) for d, ids in order.items() if d in first for i in ids[: first[d]]}
         runs = [r for r in runs if (r.dataset, r.prompt_id) in keep]
     # only prompts every method finished
-    methods = list(dict.fromkeys(r.method for r in runs))
+    methods = wanted or list(dict.fromkeys(r.method for r in runs))
     done = {}
     for r in runs:
         done.setdefault((r.dataset, r.prompt_id), set()).add(r.method)
@@ -554,17 +602,26 @@ def summarize_file(path: str, first: dict[str, int] | None = None) -> tuple[str,
 
 
 def add_report_parser(sub) -> None:
-    r = sub.add_parser("report", help="the table of a goose bench results.json (also a partial one)")
-    r.add_argument("results", help="path to results.json")
+    r = sub.add_parser("report", help="the table of goose bench results.json files (also partial ones)")
+    r.add_argument(
+        "results", nargs="+",
+        help="path(s) to results.json; several comparable runs are merged, each (prompt, method) from the first "
+        "file that has it, greedy outputs checked equal",
+    )
     r.add_argument("--first", default=None, help="keep the first N prompts per dataset, e.g. humaneval=3,gsm8k=3")
+    r.add_argument("--methods", default=None, help="keep these methods (comma-separated; ar always), in this order")
     r.set_defaults(func=_report)
 
 
 def _report(args) -> int:
     from goose.errors import InvalidInputError
 
-    if not Path(args.results).exists():
-        raise InvalidInputError(f"{args.results} does not exist; goose bench --out DIR writes DIR/results.json")
+    paths = []
+    for res in args.results:
+        f = Path(res) / "results.json" if Path(res).is_dir() else Path(res)
+        if not f.exists():
+            raise InvalidInputError(f"{res} does not exist; goose bench --out DIR writes DIR/results.json")
+        paths.append(str(f))
     first = None
     if args.first:
         first = {}
@@ -573,9 +630,12 @@ def _report(args) -> int:
             if not eq or not name:
                 raise InvalidInputError(f"--first {item!r}: expected DATASET=N, e.g. --first humaneval=3,gsm8k=3")
             first[name] = _count(count, f"--first {item}", f"{name}=3")
-    md, rows, runs = summarize_file(args.results, first)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    md, rows, runs = summarize_file(paths, first, methods)
     n = len({(r.dataset, r.prompt_id) for r in runs})
     print(f"{n} prompts with every method finished\n")
+    if len(paths) > 1:
+        print(f"Merged from {len(paths)} runs: tau and identity to greedy compare; speedups mix the runs' timings.\n")
     print(md)
     return 0
 

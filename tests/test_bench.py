@@ -179,3 +179,22 @@ def test_greedy_from_reuses_an_earlier_runs_greedy_outputs(tiny_model_dir, tmp_p
         assert main(args) != 0 and needle in capsys.readouterr().err
     rc = main(["bench", *common, "--datasets", "demo@2", "--methods", "pld", "--greedy-from", str(tmp_path / "none"), "--out", ""])
     assert rc != 0 and "no results file" in capsys.readouterr().err
+    # the two runs merge in goose report; conflicting or incomparable runs are refused
+    assert main(["report", str(first), str(second), "--methods", "pld"]) == 0
+    printed = capsys.readouterr().out
+    assert "Merged from 2 runs" in printed and "| pld |" in printed and "2 prompts with every method finished" in printed
+    assert main(["report", str(first), str(second), "--methods", "spine"]) != 0
+    assert "no runs of ['spine']" in capsys.readouterr().err
+    bad = json.loads((second / "results.json").read_text())
+    for r in bad["runs"]:
+        if r["method"] == "ar":
+            r["tokens"] = [*r["tokens"][:3], r["tokens"][3] + 1, *r["tokens"][4:]]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert main(["report", str(first), str(tmp_path / "bad.json")]) != 0
+    err = capsys.readouterr().err
+    assert "differ between" in err and "first mismatch at token 3" in err
+    bad = json.loads((second / "results.json").read_text())
+    bad["meta"]["dtype"] = "bfloat16"
+    (tmp_path / "other.json").write_text(json.dumps(bad))
+    assert main(["report", str(first), str(tmp_path / "other.json")]) != 0
+    assert "not comparable" in capsys.readouterr().err
