@@ -343,7 +343,7 @@ def run(args) -> int:
         t_phase = time.perf_counter()
         ids = encode(prompts[0].text)
         for _ in range(args.warmup):  # short runs: they only prepare kernels and caches
-            for m in methods:
+            for m in runners:
                 runners[m].run(ids, max_new=min(args.max_new_tokens, 24))
         _note(f"warm-up in {time.perf_counter() - t_phase:.1f}s")
     catcher = _TreeCatcher(runners)

@@ -161,7 +161,10 @@ def test_greedy_from_reuses_an_earlier_runs_greedy_outputs(tiny_model_dir, tmp_p
     assert main(["bench", *common, "--datasets", "demo@2", "--methods", "ar", "--out", str(first)]) == 0
     capsys.readouterr()
     second = tmp_path / "second"
-    rc = main(["bench", *common, "--datasets", "demo@2", "--methods", "pld", "--greedy-from", str(first), "--out", str(second)])
+    rc = main([
+        "bench", *common, "--warmup", "1", "--datasets", "demo@2", "--methods", "pld",
+        "--greedy-from", str(first), "--out", str(second),
+    ])
     printed = capsys.readouterr().out
     assert rc == 0 and "reused from" in printed
     old = {(r["dataset"], r["prompt_id"]): r["tokens"] for r in json.loads((first / "results.json").read_text())["runs"]}
