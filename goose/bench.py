@@ -435,17 +435,22 @@ def run(args) -> int:
     return 0
 
 
+def _results_file(path: str) -> Path:
+    """``DIR/results.json`` for an output folder, the path itself otherwise."""
+    f = Path(path)
+    return f / "results.json" if f.is_dir() else f
+
+
 def load_greedy(path: str, args, prompts: list) -> dict:
     """The ``ar`` runs of an earlier results.json for ``prompts``, checked to be comparable."""
     from goose.errors import InvalidInputError
 
-    f = Path(path)
-    f = f / "results.json" if f.is_dir() else f
+    f = _results_file(path)
     if not f.is_file():
         raise InvalidInputError(f"--greedy-from {path}: no results file at {f}. Hint: the --out folder of an earlier goose bench")
     data = json.loads(f.read_text())
     meta = data.get("meta", {})
-    want = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "max_new_tokens": args.max_new_tokens, "chat": args.chat}
+    want = {k: getattr(args, k) for k in COMPARABLE}
     differ = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
     if differ:
         what = ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
@@ -618,7 +623,7 @@ def _report(args) -> int:
 
     paths = []
     for res in args.results:
-        f = Path(res) / "results.json" if Path(res).is_dir() else Path(res)
+        f = _results_file(res)
         if not f.exists():
             raise InvalidInputError(f"{res} does not exist; goose bench --out DIR writes DIR/results.json")
         paths.append(str(f))

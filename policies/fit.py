@@ -111,7 +111,7 @@ class FitPolicy(TreePolicy):
         self.route_counts: dict[str, Counts] = defaultdict(Counts)
         if request is not None and self.options.carry > 0.0:
             for route, c in old.items():
-                self.route_counts[route] = _scaled(c, self.options.carry)
+                self.route_counts[route] = c.scaled(self.options.carry)
         self.models: dict = {}
         self.counts: Counter = Counter()
         self.streak = 0
@@ -149,7 +149,7 @@ class FitPolicy(TreePolicy):
         model = self._model(tree.route) if self.options.estimator == "cascade" else None
         if model is not None:
             try:
-                prob = self._reach(model, tree)
+                prob = model.reach(tree).tolist()
             except ValueError:  # a plugin tree outside the model (e.g. two spine children): per-class rates
                 model = None
                 c0 = self.counts
@@ -210,15 +210,6 @@ class FitPolicy(TreePolicy):
             )
         return m
 
-    @staticmethod
-    def _reach(model, tree: DraftTree) -> list[float]:
-        cond = model.conditional(tree)
-        parents = tree.parents
-        prob = [1.0] * tree.num_nodes
-        for i in range(1, tree.num_nodes):
-            prob[i] = prob[parents[i]] * float(cond[i])
-        return prob
-
     def observe(self, verified: Verified) -> None:
         tree = verified.tree
         if verified.kind == "tree" and tree is not None and tree.num_nodes > 1:
@@ -259,24 +250,6 @@ class FitPolicy(TreePolicy):
             fit_model_misfits=c["model_misfits"],
         )
         return out
-
-
-def _scaled(c, share: float):
-    """A copy of :class:`goose.theory.calibrate.Counts` with every count multiplied by ``share``."""
-    from goose.theory.calibrate import Counts
-
-    out = Counts()
-    for d, v in c.spine_trials.items():
-        out.spine_trials[d] = v * share
-    for d, v in c.spine_hits.items():
-        out.spine_hits[d] = v * share
-    for o, vec in c.rank_trials.items():
-        for r, v in vec.items():
-            out.rank_trials[o][r] = v * share
-    for o, vec in c.rank_hits.items():
-        for r, v in vec.items():
-            out.rank_hits[o][r] = v * share
-    return out
 
 
 @hookimpl(trylast=True)

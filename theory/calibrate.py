@@ -205,6 +205,16 @@ class Counts:
     rank_trials: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     rank_hits: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
 
+    def scaled(self, share: float) -> Counts:
+        """A copy with every count multiplied by ``share`` (counts carried into a new request)."""
+        out = Counts()
+        for src, dst in ((self.spine_trials, out.spine_trials), (self.spine_hits, out.spine_hits)):
+            dst.update({d: v * share for d, v in src.items()})
+        for src, dst in ((self.rank_trials, out.rank_trials), (self.rank_hits, out.rank_hits)):
+            for o, vec in src.items():
+                dst[o].update({r: v * share for r, v in vec.items()})
+        return out
+
 
 def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int], spine_origin: str = SPINE) -> None:
     """Add one verified step's trials and hits to ``c`` (the estimators of the module docstring)."""
