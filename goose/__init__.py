@@ -8,6 +8,7 @@
 from goose.compose import compose, greedy
 from goose.decoding import Decoder, GenerationOutput, Stats, StepRecord
 from goose.errors import (
+    DecoderBusyError,
     DraftSourceError,
     GooseError,
     InvalidInputError,
@@ -56,6 +57,7 @@ __all__ = [
     "register_plugin",
     "unregister_plugin",
     "GooseError",
+    "DecoderBusyError",
     "UnknownComponentError",
     "PluginError",
     "InvalidTreeError",

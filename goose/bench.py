@@ -289,7 +289,7 @@ def add_parser(sub) -> None:
     b.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     b.add_argument("--threads", type=int, default=2, help="torch threads (same for every method)")
-    b.add_argument("--datasets", default="demo", help="comma-separated; datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH; append @N to take the first N prompts of one dataset, @FIRST-LAST for prompts FIRST to LAST (1-based)")
+    b.add_argument("--datasets", default="demo", help="comma-separated; the splits tune and measure (docs/bench.md; measure@5: 5 prompts of each part), or datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH; append @N to take the first N prompts of one dataset, @FIRST-LAST for prompts FIRST to LAST (1-based)")
     b.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA or ../shared/data)")
     b.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each dataset")
     b.add_argument("--max-new-tokens", type=int, default=128)
@@ -315,7 +315,7 @@ def run(args) -> int:
 
     import goose
     import transformers
-    from goose import models
+    from goose import machine, models
 
     torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -387,7 +387,8 @@ def run(args) -> int:
     noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
     meta = {
         "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version(),
+                    "cpu": machine.cpu(), "cpu_line": machine.describe()},
         "versions": {"goose": goose.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
         "model": args.model,
         "dtype": args.dtype,
@@ -403,6 +404,7 @@ def run(args) -> int:
     print(
         f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {len(prompts)} prompts, "
         f"max_new_tokens {args.max_new_tokens}; methods interleaved per prompt; speedup vs ar (transformers greedy)\n"
+        f"CPU: {machine.describe()}\n"
     )
     if reused:
         print(f"Greedy (ar) outputs and timings reused from {args.greedy_from}: compare tau and identity; "
@@ -487,7 +489,21 @@ def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | No
     if num_prompts is not None:
         _count(str(num_prompts), "--num-prompts", "--num-prompts 20")
     prompts = []
+    items = []
     for item in [d.strip() for d in spec.split(",") if d.strip()]:
+        # a split ("tune", "measure") stands for its datasets; "measure@5": its first 5 of each
+        name, at, count = item.partition("@")
+        if name in datasets.SPLITS:
+            for part in datasets.SPLITS[name].split(","):
+                if at:
+                    base, _, rng = part.partition("@")
+                    lo = int(rng.split("-")[0])
+                    n = _count(count, f"--datasets {item}", f"{name}@5")
+                    part = f"{base}@{lo}-{lo + n - 1}"
+                items.append(part)
+        else:
+            items.append(item)
+    for item in items:
         # "spec_bench:summarization@2": the first 2 prompts; "humaneval@8-20": prompts 8 to 20 (1-based, inclusive)
         name, at, count = item.partition("@")
         first, dash, last = count.partition("-") if at else ("", "", "")
@@ -639,6 +655,16 @@ def _report(args) -> int:
     md, rows, runs = summarize_file(paths, first, methods)
     n = len({(r.dataset, r.prompt_id) for r in runs})
     print(f"{n} prompts with every method finished\n")
+    cpus = []
+    for f in paths:
+        try:
+            line = json.loads(Path(f).read_text()).get("meta", {}).get("machine", {}).get("cpu_line")
+        except (OSError, ValueError):
+            line = None
+        cpus.append(line or "not recorded (a run from before the CPU was recorded)")
+    for c in dict.fromkeys(cpus):
+        print(f"CPU: {c}")
+    print()
     if len(paths) > 1:
         print(f"Merged from {len(paths)} runs: tau and identity to greedy compare; speedups mix the runs' timings.\n")
     print(md)

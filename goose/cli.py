@@ -90,6 +90,31 @@ def _cmd_theory(args) -> int:
     return theory_main(args.rest)
 
 
+def _cmd_calibrate(args) -> int:
+    import json
+    import time
+
+    import torch
+
+    from goose import latency, machine, models
+
+    torch.set_num_threads(args.threads)
+    model, _ = models.load(args.model, args.dtype)
+    kw = {"repeats": latency.FULL_ROUNDS, "budget_s": float("inf"), "stop_ratio": float("inf")} if args.full else {}
+    t0 = time.perf_counter()
+    curve = latency.curve_for(model, use_cache=not args.full, force=args.force, **kw)
+    print(f"CPU: {machine.describe()}; {args.threads} threads; {latency.describe(model)}")
+    print(f"curve ready in {time.perf_counter() - t0:.1f} s ({'cached: ' + str(latency.curve_path(model)) if not args.full else 'not cached (--full)'})")
+    t1 = curve(1)
+    print("| n | ms | x t(1) |\n|---|---|---|")
+    for n in curve.sizes:
+        print(f"| {n} | {1000 * curve(n):.1f} | {curve(n) / t1:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": machine.describe(), "threads": args.threads, "model": args.model, "dtype": args.dtype, **curve.to_dict()}, f)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from goose.errors import GooseError
 
@@ -112,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     gen_mod.add_parser(sub)
     bench_mod.add_parser(sub)
     bench_mod.add_report_parser(sub)
+
+    sc = sub.add_parser("calibrate", help="measure the forward latency curve ahead of time (fit uses it)")
+    sc.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
+    sc.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    sc.add_argument("--threads", type=int, default=2, help="torch threads (the curve is cached per thread count)")
+    sc.add_argument("--full", action="store_true", help="every size 1-128, 5 rounds, no time limit (for plots)")
+    sc.add_argument("--force", action="store_true", help="measure again even if a cached curve exists")
+    sc.add_argument("--json", default=None, help="also write the curve to this file")
+    sc.set_defaults(func=_cmd_calibrate)
 
     st = sub.add_parser("theory", help="acceptance model and proposition checks (see docs/theory.md)")
     st.add_argument("rest", nargs=argparse.REMAINDER)

@@ -102,6 +102,15 @@ def any_jsonl(path: Path) -> list[Prompt]:
 
 DATASETS = "demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH"
 
+# Tune on one part of the data, judge on the other. Every tuned default so far (fit's estimator,
+# priors, the spine's thresholds) was measured on `tune`; `measure` holds prompts no tuning has
+# seen: later prompts of the same four datasets, and two other Spec-Bench kinds.
+SPLITS = {
+    "tune": "humaneval@1-20,gsm8k@1-20,mt_bench@1-20,spec_bench:summarization@1-20",
+    "measure": "humaneval@41-60,gsm8k@41-60,mt_bench@41-60,spec_bench:summarization@41-60,"
+    "spec_bench:qa@41-60,spec_bench:translation@41-60",
+}
+
 
 def load(spec: str, root: str | None = None) -> list[Prompt]:
     """Load a dataset by spec: one of ``DATASETS``."""

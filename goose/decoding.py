@@ -6,6 +6,8 @@ calls inside the loop are the per-step observers.
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from goose.errors import DraftSourceError, GooseError, InvalidInputError, PluginError
+from goose.errors import DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, PluginError
 from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TreePolicy, Verified, Verifier
 from goose.tree import DraftTree
 
@@ -101,8 +103,27 @@ class StepRecord:
     verify_s: float
 
 
+@dataclass
+class _Worker:
+    """One set of per-request components: what a single ``generate`` call mutates."""
+
+    sources: tuple
+    policy: TreePolicy
+    verifier: Verifier
+
+
 class Decoder:
-    """A composed speculative decoder. Build it with :func:`goose.compose`."""
+    """A composed speculative decoder. Build it with :func:`goose.compose`.
+
+    Safe to share between threads: each ``generate`` call runs on its own set of components (the
+    sources' per-request state, the policy's estimates, the verifier's KV cache). The first set
+    is the one ``compose`` built (``decoder.sources``, ``.policy``, ``.verifier``); a call that
+    finds every set busy gets a copy of a pristine snapshot taken when the decoder was built
+    (the model, the tokenizer and the latency curve are shared, never copied). Sets return to a
+    pool, so state meant to last across requests (a warm token-recycling table, ``fit``'s
+    carried counts) lasts per set. Components that cannot be copied make a concurrent call fail
+    with :class:`~goose.errors.DecoderBusyError` instead of sharing state.
+    """
 
     def __init__(
         self,
@@ -127,6 +148,49 @@ class Decoder:
         self.description = description
         self.vocab_size = verifier.vocab_size
         self.max_positions = getattr(verifier, "max_positions", None)
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = [_Worker(self.sources, policy, verifier)]
+        self._workers = 1
+        self._template, self._template_error = self._snapshot()
+
+    # -- per-call component sets -------------------------------------------------------------------
+    def _shared_memo(self) -> dict:
+        """Objects a copy must share, not duplicate: the model (every module and tensor), the tokenizer."""
+        memo: dict = {id(self.tokenizer): self.tokenizer, id(self.hook): self.hook}
+        model = self.model
+        memo[id(model)] = model
+        if isinstance(model, torch.nn.Module):
+            for m in model.modules():
+                memo[id(m)] = m
+            for t in model.parameters():
+                memo[id(t)] = t
+            for t in model.buffers():
+                memo[id(t)] = t
+        return memo
+
+    def _snapshot(self):
+        try:
+            return copy.deepcopy(self._idle[0], self._shared_memo()), None
+        except Exception as exc:  # noqa: BLE001 - reported when a concurrent call needs a copy
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def _acquire(self) -> _Worker:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            if self._template is None:
+                raise DecoderBusyError(
+                    "this decoder is generating in another thread, and its components cannot be copied "
+                    f"for a second concurrent call ({self._template_error}). Hint: compose one decoder "
+                    "per thread; they can share the model."
+                )
+            template = self._template
+            self._workers += 1
+        return copy.deepcopy(template, self._shared_memo())
+
+    def _release(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
 
     def __repr__(self) -> str:
         return f"<goose.Decoder {self.description}>"
@@ -210,11 +274,20 @@ class Decoder:
             stats = Stats(prompt_len, 0, 0, 0, {}, {}, (), {"total": 0.0}, "max_new_tokens")
             return GenerationOutput([], "", stats, prompt_ids)
         self.verifier.check_request(prompt_len, max_new_tokens, self.max_nodes)
+        worker = self._acquire()
+        try:
+            return self._run(worker, ids, prompt_ids, max_new_tokens, stops, t_start)
+        finally:
+            self._release(worker)
+
+    def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float):
+        sources, policy, verifier = worker.sources, worker.policy, worker.verifier
+        prompt_len = len(prompt_ids)
 
         request = Request(prompt_ids, self.vocab_size, max_new_tokens, self.budget)
-        for s in self.sources:
+        for s in sources:
             s.begin(request)
-        self.policy.begin(request)
+        policy.begin(request)
         if self.hook is not None:
             self.hook.goose_on_generation_start(decoder=self, request=request)
 
@@ -226,11 +299,15 @@ class Decoder:
         t_draft = t_sources = t_verify = t_observe = 0.0
         hook_step = self.hook.goose_on_step if self.hook is not None else None
 
+        keep = 1
+        for s in sources:
+            keep = max(keep, int(s.prefill_positions(prompt_len) or 0))
+        keep = min(keep, prompt_len)
         try:
-            v = self.verifier.prefill(ids)
+            v = verifier.prefill(ids, keep=keep) if _takes_keep(verifier) else verifier.prefill(ids)
             forwards = 1
             t0 = time.perf_counter()
-            self._observe(v)
+            self._observe(worker, v)
             t_observe += time.perf_counter() - t0
             seq = list(prompt_ids)
             new: list[int] = []
@@ -259,17 +336,17 @@ class Decoder:
                     state = DraftState(
                         seq, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, step
                     )
-                    ctx = DraftContext(state, self.sources)
-                    tree = self._shape(ctx, anchor, max_depth)
+                    ctx = DraftContext(state, sources)
+                    tree = self._shape(policy, ctx, anchor, max_depth)
                     t_sources += ctx.source_s
                 if tree is None:
                     tree = DraftTree.single(anchor)
                 t1 = time.perf_counter()
                 # -- verify ----------------------------------------------------------------------
-                v = self.verifier.verify(tree)
+                v = verifier.verify(tree)
                 t2 = time.perf_counter()
                 forwards += 1
-                self._observe(v)
+                self._observe(worker, v)
                 t3 = time.perf_counter()
                 t_draft += t1 - t0
                 t_verify += t2 - t1
@@ -290,17 +367,17 @@ class Decoder:
                     )
                 step += 1
         finally:
-            self.verifier.end()
+            verifier.end()
 
         per_source = {o: {"drafted": drafted[o], "accepted": accepted[o]} for o in sorted(drafted)}
         extra = {}
-        for s in self.sources:
+        for s in sources:
             if s.stats():
                 extra[s.name] = s.stats()
-        if self.policy.stats():
-            extra["policy"] = self.policy.stats()
-        if self.verifier.stats():
-            extra["verifier"] = self.verifier.stats()
+        if policy.stats():
+            extra["policy"] = policy.stats()
+        if verifier.stats():
+            extra["verifier"] = verifier.stats()
         stats = Stats(
             prompt_len,
             len(new),
@@ -327,30 +404,30 @@ class Decoder:
         return out
 
     # ---------------------------------------------------------------------------------------------
-    def _shape(self, ctx: DraftContext, anchor: int, max_depth: int) -> DraftTree | None:
+    def _shape(self, policy: TreePolicy, ctx: DraftContext, anchor: int, max_depth: int) -> DraftTree | None:
         try:
-            tree = self.policy.shape(ctx)
+            tree = policy.shape(ctx)
         except GooseError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise PluginError(
-                f"Tree policy {self.policy.name!r} raised in shape(): {type(exc).__name__}: {exc}"
+                f"Tree policy {policy.name!r} raised in shape(): {type(exc).__name__}: {exc}"
             ) from exc
         if tree is None or tree.num_nodes < 2:
             return None
         if not isinstance(tree, DraftTree):
             raise PluginError(
-                f"Tree policy {self.policy.name!r} returned {type(tree).__name__}; shape() must return "
+                f"Tree policy {policy.name!r} returned {type(tree).__name__}; shape() must return "
                 "a goose.DraftTree or None"
             )
         if tree.tokens[0] != anchor:
             raise PluginError(
-                f"Tree policy {self.policy.name!r} returned a tree rooted at token {tree.tokens[0]}, but "
+                f"Tree policy {policy.name!r} returned a tree rooted at token {tree.tokens[0]}, but "
                 f"the anchor is {anchor}; node 0 must be the anchor (ctx.state.anchor)"
             )
         if tree.num_nodes > self.max_nodes:
             raise PluginError(
-                f"Tree policy {self.policy.name!r} returned {tree.num_nodes} nodes, over its limit of "
+                f"Tree policy {policy.name!r} returned {tree.num_nodes} nodes, over its limit of "
                 f"{self.max_nodes} at budget {self.budget} (root included; see TreePolicy.max_nodes)"
             )
         vocab = self.vocab_size
@@ -365,13 +442,27 @@ class Decoder:
             tree = prune(tree, max_depth)
         return tree
 
-    def _observe(self, v: Verified) -> None:
-        for s in self.sources:
+    def _observe(self, worker: _Worker, v: Verified) -> None:
+        for s in worker.sources:
             try:
                 s.observe(v)
             except Exception as exc:  # noqa: BLE001
                 raise DraftSourceError(s.name, f"observe() raised {type(exc).__name__}: {exc}") from exc
-        self.policy.observe(v)
+        worker.policy.observe(v)
+
+
+def _takes_keep(verifier) -> bool:
+    """Whether a (possibly third-party) verifier's ``prefill`` accepts ``keep``."""
+    import inspect
+
+    fn = type(verifier).prefill
+    cached = _KEEP_CACHE.get(fn)
+    if cached is None:
+        cached = _KEEP_CACHE[fn] = "keep" in inspect.signature(fn).parameters
+    return cached
+
+
+_KEEP_CACHE: dict = {}
 
 
 def _cut(committed: tuple[int, ...], stops, room: int) -> tuple[int, ...]:

@@ -52,6 +52,10 @@ class DraftSourceError(GooseError):
         super().__init__(f"Draft source {source!r} failed: {message}")
 
 
+class DecoderBusyError(GooseError, RuntimeError):
+    """A concurrent ``generate`` on a decoder whose components cannot be copied per call."""
+
+
 class UnsupportedModelError(GooseError):
     """The model (or its attention implementation) cannot be served by tree verification."""
 

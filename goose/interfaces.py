@@ -99,7 +99,9 @@ class Proposal:
 class Verified:
     """One target forward pass and its outcome: what sources and policies learn from.
 
-    For the prefill, ``tokens`` are the prompt and ``predecessors[t] = prompt[t-1]``. For a tree
+    For the prefill, ``tokens`` are the prompt positions whose logits were computed (the last
+    ``keep`` of the prompt, see :meth:`DraftSource.prefill_positions`) and ``predecessors`` the
+    tokens before them (-1 before the first prompt token). For a tree
     pass, ``tokens`` are the tree's nodes and ``predecessors`` their parents' tokens; the root's
     is the token before the anchor on the single-step, chain and bypass routes, -1 on tree routes
     (as in the GOOSE reference).
@@ -146,6 +148,15 @@ class DraftSource(ABC):
 
     def observe(self, verified: Verified) -> None:
         """Learn from a verified forward pass (prefill or tree). Called after every pass."""
+
+    def prefill_positions(self, prompt_len: int) -> int:
+        """How many trailing prompt positions' logits this source learns from in the prefill.
+
+        The prefill computes logits only for the most any source asks for (at least the last
+        position, whose argmax is the first new token): a ``prompt_len x vocab`` matrix for a long
+        prompt is more memory than the model itself. 0: none.
+        """
+        return 0
 
     def successors(self, token: int, prev: int | None) -> tuple[Sequence[int], Sequence[float]]:
         """Likely tokens after ``token`` (preceded by ``prev``), best first, with scores."""
@@ -299,8 +310,12 @@ class Verifier(ABC):
         """Refuse a request this verifier cannot serve exactly (before any forward)."""
 
     @abstractmethod
-    def prefill(self, prompt_ids: torch.Tensor) -> Verified:
-        """Run the prompt (``[prompt_len]`` long) through the model, fresh cache."""
+    def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:
+        """Run the prompt (``[prompt_len]`` long) through the model, fresh cache.
+
+        ``keep``: compute the logits of the last ``keep`` prompt positions only (None: all); the
+        returned record then covers those positions (``tokens``, ``predecessors``, ``logits``).
+        """
 
     @abstractmethod
     def verify(self, tree: DraftTree) -> Verified:

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import statistics
+import sys
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
-SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 100, 128)
+# Every size the fit may pick up to 64 (bfloat16 and small-row kernels change with the row count),
+# then coarser; beyond the last size the curve is extended in proportion.
+SIZES = (*range(1, 65), 80, 96, 128)
+FULL_ROUNDS = 5
+CURVE_VERSION = 2  # bump when the measuring method changes: cached curves are measured anew
+
+log = logging.getLogger("goose")
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ def _key(model) -> str:
             "device": device,
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
+            "curve": CURVE_VERSION,
         },
         sort_keys=True,
     )
@@ -77,25 +86,38 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GOOSE_CACHE", Path.home() / ".cache" / "goose")) / "latency"
 
 
-def measure(model, sizes=SIZES, past_len: int = 256, repeats: int = 5) -> LatencyCurve:
+def measure(
+    model,
+    sizes=SIZES,
+    past_len: int = 256,
+    repeats: int = 3,
+    budget_s: float = 25.0,
+    stop_ratio: float = 12.0,
+    progress=None,
+) -> LatencyCurve:
     """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n.
 
-    The first forwards of a process are slow (kernels are prepared per shape), so every size is
-    run once untimed first; then ``repeats`` rounds time every size in turn (drift hits all sizes
-    alike) and the median is kept. A forward over fewer tokens never costs more, so a noisy
-    small size is capped by the larger sizes' times (a running minimum from the right).
+    Sizes are measured in increasing order, one timed forward each per round, until a forward costs
+    ``stop_ratio`` one-token forwards (no tree the sources draft pays at that price; the curve
+    is extended in proportion beyond), then further rounds over the same sizes while the time
+    ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
+    mid-size forward run first, untimed: the first forwards of a process are slow. The median of
+    each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
+    then prefers the larger tree). ``progress(text)`` is called as it goes.
     """
     import torch
 
     from goose.tree import DraftTree
     from goose.verifiers.greedy import GreedyTreeVerifier
 
+    t_start = time.perf_counter()
     v = GreedyTreeVerifier()
     v.bind(model)
     vocab = v.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (past_len,), generator=g)
-    v.prefill(prompt)
+    v.prefill(prompt, keep=1)
+    sizes = sorted(set(int(n) for n in sizes))
     trees = {}
     for n in sizes:
         toks = torch.randint(0, vocab, (n,), generator=g).tolist()
@@ -113,26 +135,83 @@ def measure(model, sizes=SIZES, past_len: int = 256, repeats: int = 5) -> Latenc
         v.cache.crop(-n)
         return dt
 
-    for n in sizes:  # warm-up: prepare every shape once
+    say = progress or (lambda text: None)
+    for n in (1, 1, 1, min(8, sizes[-1])):  # warm-up
         once(n)
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
+    times: dict[int, list[float]] = {}
+    t1 = min(once(1) for _ in range(3))
+    for n in sizes:  # round 1: up to the size where trees stop paying
+        dt = once(n)
+        times[n] = [dt]
+        say(f"size {n}: {1000 * dt:.1f} ms ({time.perf_counter() - t_start:.1f} s)")
+        if n > 1 and dt > stop_ratio * t1:
+            break
+    kept = sorted(times)
+    for r in range(1, repeats):
+        spent = time.perf_counter() - t_start
+        one_round = sum(times[n][0] for n in kept)
+        if spent + one_round > budget_s:
+            break
+        for n in kept:
             times[n].append(once(n))
+        say(f"round {r + 1}/{repeats} ({time.perf_counter() - t_start:.1f} s)")
     v.end()
-    med = [statistics.median(times[n]) for n in sizes]
-    for i in range(len(med) - 2, -1, -1):
-        med[i] = min(med[i], med[i + 1])
-    return LatencyCurve(tuple(sizes), tuple(med))
+    med = [statistics.median(times[n]) for n in kept]
+    return LatencyCurve(tuple(kept), tuple(med))
 
 
-def curve_for(model, use_cache: bool = True) -> LatencyCurve:
-    """The cached curve for this (model, dtype, device, threads), measured on first use."""
-    path = cache_dir() / f"{_key(model)}.json"
-    if use_cache and path.exists():
+def _progress_printer(label: str):
+    """A progress line on stderr (rewritten in place on a terminal) and in the ``goose`` log."""
+    tty = sys.stderr.isatty()
+
+    def say(text: str) -> None:
+        line = f"goose: measuring forward latency for {label}: {text}"
+        log.info(line)
+        if tty:
+            sys.stderr.write("\r" + line[:118].ljust(118))
+            sys.stderr.flush()
+
+    def done(text: str) -> None:
+        line = f"goose: forward latency for {label} {text}"
+        log.info(line)
+        sys.stderr.write(("\r" if tty else "") + line[:118].ljust(118 if tty else 0) + "\n")
+        sys.stderr.flush()
+
+    return say, done
+
+
+def describe(model) -> str:
+    cfg = getattr(model, "config", None)
+    name = getattr(cfg, "_name_or_path", "") or type(model).__name__
+    try:
+        p = next(model.parameters())
+        return f"{Path(str(name)).name or name} ({str(p.dtype).replace('torch.', '')}, {p.device})"
+    except (StopIteration, AttributeError):
+        return str(name)
+
+
+def curve_path(model) -> Path:
+    return cache_dir() / f"{_key(model)}.json"
+
+
+def curve_for(model, use_cache: bool = True, force: bool = False, **measure_kw) -> LatencyCurve:
+    """The cached curve for this (model, dtype, device, threads), measured on first use.
+
+    Measuring prints a progress line on stderr (and logs it to the ``goose`` logger);
+    ``goose calibrate`` does it ahead of time.
+    """
+    path = curve_path(model)
+    if use_cache and not force and path.exists():
         d = json.loads(path.read_text())
         return LatencyCurve(tuple(d["sizes"]), tuple(d["seconds"]))
-    curve = measure(model)
+    say, done = _progress_printer(describe(model))
+    t0 = time.perf_counter()
+    curve = measure(model, progress=say, **measure_kw)
+    done(
+        f"measured in {time.perf_counter() - t0:.1f} s: t(1) = {1000 * curve(1):.1f} ms, "
+        f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
+        + (f"; cached in {path}" if use_cache else "")
+    )
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(curve.to_dict()))

@@ -25,7 +25,10 @@ policy (``spine``, ``iso3``, ``tr-tree``). With the ``chain`` or ``proposal`` po
 source, every step is an ordinary decoding step.
 
 Ablations of the paper map to options: "no bigram" = ``bigram=False``, "no prefill harvest" =
-``prefill_harvest=False``. ``tr-original`` is the original Token Recycling configuration: K = 8,
+``prefill_harvest=False``. The reference harvests every prompt position; here only the last
+``prefill_window`` positions (at most ``prefill_max_mib`` of logits) are harvested by default, so
+that the prefill computes a bounded logits matrix (``prefill_window=None`` restores the reference;
+docs/results.md measures both). ``tr-original`` is the original Token Recycling configuration: K = 8,
 no bigram tier, the table kept warm across requests (use it with the ``tr-tree`` policy).
 """
 
@@ -49,6 +52,18 @@ class TROptions(Options):
     )
     prefill_harvest: bool = Field(
         True, description="seed the table from the prompt's prefill logits (off: decoding passes only)"
+    )
+    prefill_window: int | None = Field(
+        256,
+        ge=1,
+        description="harvest only the last this many prompt positions (the prefill then computes "
+        "that many logit rows instead of prompt_len x vocab); None: every position, as in the reference",
+    )
+    prefill_max_mib: float = Field(
+        64.0,
+        gt=0.0,
+        description="and at most as many positions as fit this many MiB of float32 logits (a 151,936-token "
+        "vocabulary: 110 rows); the prompt_len x vocab matrix of a long prompt outgrows the model",
     )
     warm: bool = Field(
         False,
@@ -133,6 +148,16 @@ class TRSource(DraftSource):
 
     def propose(self, state: DraftState) -> Proposal | None:
         return None  # drafts through successors(); see the module docstring
+
+    def prefill_positions(self, prompt_len: int) -> int:
+        o = self.options
+        if not o.prefill_harvest:
+            return 0
+        if o.prefill_window is None:
+            return prompt_len
+        vocab = self.table.vocab_size if self.table is not None else 1
+        rows = int(o.prefill_max_mib * 2**20 // (4 * max(1, vocab)))
+        return max(1, min(prompt_len, o.prefill_window, rows))
 
     def observe(self, verified: Verified) -> None:
         o = self.options

@@ -21,15 +21,33 @@ the fitted steps actually committed). The budget and the spine share (the share 
 that are spine nodes) are both chosen this way, step by step.
 
 When keeping no node (a single step) is best, the step is an ordinary decoding step (the
-automatic fallback, counted in the stats); every ``explore_every``-th fallback in a row still
-verifies the inner tree, so estimates keep learning. ``estimator="classes"`` replaces the model
-by independent per-class rates (origin, depth, sibling rank), the estimate used before.
+automatic fallback, counted in the stats). ``estimator="classes"`` replaces the model by
+independent per-class rates (origin, depth, sibling rank), the estimate used before.
+
+**Never slower than plain decoding.** The decision trusts what it has observed, not its priors:
+
+- *Pessimistic start*: the prior acceptance is low (``prior=0.1``), so on a device where every
+  extra node costs nearly a token's forward (an AVX2-only CPU in bfloat16, a 1.5B model in
+  float32) the first steps are plain steps, and trees come only as observed rates justify them.
+- *Observed latency*: the time each step really took (from the end of :meth:`shape` to the
+  policy's :meth:`observe`, so the sources' learning is counted too) corrects the measured
+  curve, separately for plain steps and for trees (``ratio = (observed + prior) / (curve +
+  prior)``). A curve measured at another context length, or under other load, stops misleading.
+- *Calibrated acceptance*: when the model has predicted more accepted tokens than the fitted
+  steps committed, the expected gain is scaled down by that ratio (never up).
+- *Budgeted exploration*: after ``explore_every`` fallbacks in a row, a small tree (the
+  likeliest nodes that cost at most ``explore_cost`` plain steps) is verified so that rates keep
+  learning, but only while the time exploration has lost against plain steps stays within
+  ``explore_share`` of all the time observed.
+
+All four carry across the decoder's requests with the acceptance counts (``carry``).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from time import perf_counter
 from typing import Any, Literal
 
 from pydantic import Field
@@ -46,7 +64,7 @@ class FitOptions(Options):
     latency: dict[int, float] | None = Field(
         None, description="fixed forward latency {tree size: seconds}; None: measured once for the model"
     )
-    prior: float = Field(0.3, ge=0.0, le=1.0, description="prior acceptance probability of a node class")
+    prior: float = Field(0.1, ge=0.0, le=1.0, description="prior acceptance probability of a node class (pessimistic: trees must be earned by observed rates)")
     prior_weight: float = Field(2.0, gt=0.0, description="pseudo-observations behind the prior")
     max_depth_bucket: int = Field(8, ge=1, description="classes: depths beyond this share one estimate")
     max_spine_depth: int = Field(32, ge=1, description="cascade: spine depths beyond this share one rate")
@@ -55,7 +73,22 @@ class FitOptions(Options):
         description="cascade: share of the acceptance counts carried into the decoder's next generation (0: start afresh)",
     )
     fallback: bool = Field(True, description="plain decoding step when no tree is worth its cost")
-    explore_every: int = Field(8, ge=1, description="verify the full tree after this many fallbacks in a row")
+    explore_every: int = Field(8, ge=1, description="after this many fallbacks in a row, verify a small exploration tree")
+    explore_cost: float = Field(
+        2.0, ge=1.0, description="an exploration tree costs at most this many plain steps on the latency curve (at least one node)"
+    )
+    explore_share: float = Field(
+        0.02, ge=0.0, le=1.0,
+        description="exploration may lose at most this share of the observed time against plain steps",
+    )
+    correct_latency: bool | None = Field(
+        None,
+        description="correct the latency curve by the steps' observed times (None: on for a measured "
+        "curve, off for a fixed `latency`)",
+    )
+    calibrate_gain: bool = Field(
+        True, description="scale the expected gain down when the model has over-predicted the accepted tokens"
+    )
     estimator: Literal["cascade", "classes"] = Field(
         "cascade",
         description="'cascade': the theory module's acceptance model with online rates; "
@@ -86,6 +119,7 @@ class FitPolicy(TreePolicy):
             self.curve = LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
         self.acc: Counter = Counter()
         self.trials: Counter = Counter()
+        self.observed: Counter = Counter()  # latency, calibration and exploration sums (carried)
         self.begin(None)
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
@@ -109,13 +143,16 @@ class FitPolicy(TreePolicy):
         self.trials.clear()
         old = getattr(self, "route_counts", {})
         self.route_counts: dict[str, Counts] = defaultdict(Counts)
-        if request is not None and self.options.carry > 0.0:
+        carry = self.options.carry if request is not None else 0.0
+        if carry > 0.0:
             for route, c in old.items():
-                self.route_counts[route] = c.scaled(self.options.carry)
+                self.route_counts[route] = c.scaled(carry)
+        self.observed = Counter({k: v * carry for k, v in self.observed.items()}) if carry > 0.0 else Counter()
         self.models: dict = {}
         self.counts: Counter = Counter()
         self.streak = 0
         self.pending: float | None = None
+        self._step: tuple | None = None  # (kind, size, shape-end time) of the step being verified
         if request is not None:
             self.inner.begin(request)
 
@@ -137,6 +174,36 @@ class FitPolicy(TreePolicy):
         return (self.acc[key] + o.prior * o.prior_weight) / (self.trials[key] + o.prior_weight)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
+        out = self._fit(ctx)
+        size = 1 if out is None else out.num_nodes
+        kind = self._kind if out is not None and size > 1 else "single"
+        self._step = (kind, size, perf_counter())
+        return out
+
+    # -- what the observed steps say ----------------------------------------------------------------
+    def _correcting(self) -> bool:
+        c = self.options.correct_latency
+        return (not self.options.latency) if c is None else c
+
+    def _ratios(self) -> tuple[float, float]:
+        """(plain, tree) ratios of observed step time to the curve's prediction, prior 1."""
+        if not self._correcting():
+            return 1.0, 1.0
+        ob, t = self.observed, self._t
+        c1, ct = 2.0 * t[1], 2.0 * t[min(4, len(t) - 1)]
+        r1 = (ob["single_obs"] + c1) / (ob["single_pred"] + c1)
+        rt = (ob["tree_obs"] + ct) / (ob["tree_pred"] + ct)
+        return r1, rt
+
+    def _kappa(self) -> float:
+        """Observed / predicted accepted tokens of fitted steps, capped at 1 (never optimistic)."""
+        if not self.options.calibrate_gain:
+            return 1.0
+        ob = self.observed
+        return min(1.0, (ob["calib_got"] + 2.0) / (ob["calib_pred"] + 2.0))
+
+    def _fit(self, ctx: DraftContext) -> DraftTree | None:
+        self._kind = "fitted"
         tree = self.inner.shape(ctx)
         if tree is None or tree.num_nodes < 2:
             return tree
@@ -161,21 +228,29 @@ class FitPolicy(TreePolicy):
                 prob[i] = prob[parents[i]] * self._prob(keys[i])
         order = sorted(range(1, n), key=lambda i: (-prob[i], i))
         t = self._t
-        best_m, best_v, gain = 0, 1.0 / t[1], 1.0
+        r1, rt = self._ratios()
+        kappa = self._kappa()
+        best_m, best_v, gain = 0, 1.0 / (t[1] * r1), 1.0
         for m, i in enumerate(order, start=1):
-            gain += prob[i]
+            gain += kappa * prob[i]
             size = m + 1
-            v = gain / (t[size] if size < len(t) else self.curve(size))
+            v = gain / ((t[size] if size < len(t) else self.curve(size)) * rt)
             if v > best_v:
                 best_m, best_v = m, v
         c = self.counts
         if best_m == 0 and self.options.fallback:
             self.streak += 1
-            if self.streak < self.options.explore_every:
+            limit = self.options.explore_cost * t[1]
+            best_m = 1
+            while best_m < n - 1 and (t[best_m + 2] if best_m + 2 < len(t) else self.curve(best_m + 2)) <= limit:
+                best_m += 1
+            # its worst loss against a plain step, on the corrected curve
+            worst = (t[best_m + 1] if best_m + 1 < len(t) else self.curve(best_m + 1)) * rt - t[1] * r1
+            if self.streak < self.options.explore_every or not self._may_explore(worst):
                 c["fallback_steps"] += 1
                 return None
             c["explore_steps"] += 1
-            best_m = n - 1
+            self._kind = "explore"
         self.streak = 0
         c["fitted_steps"] += 1
         c["nodes_offered"] += n - 1
@@ -197,7 +272,13 @@ class FitPolicy(TreePolicy):
             )
         if model is not None:
             self.pending = model.expected_tokens(out)
+            self._pending_fitted = self._kind == "fitted"
         return out
+
+    def _may_explore(self, worst: float) -> bool:
+        """Explore only if even a total loss of this step keeps exploration within its share."""
+        ob = self.observed
+        return ob["explore_lost"] + max(0.0, worst) <= self.options.explore_share * (ob["time"] + worst)
 
     def _model(self, route: str):
         m = self.models.get(route)
@@ -211,11 +292,17 @@ class FitPolicy(TreePolicy):
         return m
 
     def observe(self, verified: Verified) -> None:
+        if verified.kind == "tree" and self._step is not None and hasattr(self, "_t"):
+            self._account(verified)
+        self._step = None
         tree = verified.tree
         if verified.kind == "tree" and tree is not None and tree.num_nodes > 1:
             if self.pending is not None:
                 self.counts["predicted_tokens"] += self.pending
                 self.counts["predicted_steps_tokens"] += len(verified.path)
+                if getattr(self, "_pending_fitted", False):  # exploration trees are not the fit's bet
+                    self.observed["calib_pred"] += self.pending - 1.0
+                    self.observed["calib_got"] += len(verified.path) - 1.0
                 self.pending = None
             if self.options.estimator == "cascade":
                 from goose.theory.calibrate import count_step
@@ -234,6 +321,27 @@ class FitPolicy(TreePolicy):
                         self.acc[keys[i]] += 1
         self.inner.observe(verified)
 
+    def _account(self, verified: Verified) -> None:
+        """Book the step's observed time against the curve, and exploration's loss against plain steps."""
+        kind, size, t_end = self._step
+        if (verified.tree.num_nodes if verified.tree is not None else 1) != size:
+            return  # the loop pruned the tree (depth limit): not the step that was planned
+        t = self._t
+        pred = t[size] if size < len(t) else self.curve(size)
+        ob = self.observed
+        if self._correcting():
+            dt = perf_counter() - t_end
+            dt = min(max(dt, 0.25 * pred), 4.0 * pred)  # one stall (or a clock hiccup) moves it little
+            key = "single" if size == 1 else "tree"
+            ob[key + "_obs"] += dt
+            ob[key + "_pred"] += pred
+            cost, plain = dt, t[1] * self._ratios()[0]
+        else:
+            cost, plain = pred, t[1]
+        ob["time"] += cost
+        if kind == "explore":
+            ob["explore_lost"] += max(0.0, cost - len(verified.path) * plain)
+
     def stats(self) -> dict:
         c = self.counts
         out = dict(self.inner.stats())
@@ -248,6 +356,11 @@ class FitPolicy(TreePolicy):
             fit_predicted_tokens=round(float(c["predicted_tokens"]), 3),
             fit_predicted_steps_tokens=c["predicted_steps_tokens"],
             fit_model_misfits=c["model_misfits"],
+            fit_latency_ratio_single=round(self._ratios()[0], 3) if hasattr(self, "_t") else None,
+            fit_latency_ratio_tree=round(self._ratios()[1], 3) if hasattr(self, "_t") else None,
+            fit_gain_scale=round(self._kappa(), 3),
+            fit_explore_lost_share=round(self.observed["explore_lost"] / self.observed["time"], 4)
+            if self.observed["time"] else 0.0,
         )
         return out
 

@@ -64,6 +64,8 @@ class GreedyTreeVerifier(Verifier):
         self.sliding_window = int(sliding) if (uses_window and sliding) else None
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # transformers' causal LMs compute the LM head for the last k positions only when told.
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         try:
             p = next(model.parameters())
             self.device, self.dtype = p.device, p.dtype
@@ -91,27 +93,34 @@ class GreedyTreeVerifier(Verifier):
         except TypeError:  # older signature
             return DynamicCache()
 
-    def _forward(self, input_ids, attention_mask=None, position_ids=None):
+    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None):
         kw = {self._cache_kw: self.cache}
+        if keep is not None and self._keep_kw is not None and keep < input_ids.shape[1]:
+            kw[self._keep_kw] = keep
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
         )
         return out.logits[0]
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: torch.Tensor) -> Verified:
+    def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:
+        """The prompt in one forward; logits for the last ``keep`` positions only (None: all)."""
         self.timers = {"mask": 0.0, "forward": 0.0, "walk": 0.0, "commit": 0.0, "prefill_forward": 0.0}
         self.cache = self._new_cache()
         ids = prompt_ids.to(self.device).view(1, -1)
         n = ids.shape[1]
+        k = n if keep is None else max(1, min(int(keep), n))
         t0 = time.perf_counter()
-        logits = self._forward(ids, position_ids=torch.arange(n, device=self.device).view(1, -1))
+        logits = self._forward(ids, position_ids=torch.arange(n, device=self.device).view(1, -1), keep=k)
+        if logits.shape[0] > k:  # a model without logits_to_keep computed them all
+            logits = logits[-k:]
         self.timers["prefill_forward"] += time.perf_counter() - t0
+        self.timers["prefill_logit_rows"] = int(logits.shape[0])
         self.past_len = n
         self.before_root = int(ids[0, -1])
-        prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])
+        prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])[n - k :]
         argmax = top1(logits)
-        return Verified("prefill", ids[0], prev, logits, argmax, bonus=argmax[-1])
+        return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=argmax[-1])
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree) -> Verified:
