@@ -36,6 +36,14 @@ PRESETS: dict[str, dict] = {
     "spine-nopld": {"sources": ["tr"], "policy": "spine"},
     "spine-warm": {"sources": ["pld", ("tr", {"warm": True})], "policy": "spine"},
     "spine-fit": {"sources": ["pld", "tr"], "policy": "spine-fit"},
+    # the default before issue 11 (optimistic prior, whole-tree exploration, no observed-time or
+    # gain correction, every prompt position harvested), for interleaved comparisons
+    "spine-fit-prev": {
+        "sources": ["pld", ("tr", {"prefill_window": None})],
+        "policy": "spine-fit",
+        "policy_options": {"prior": 0.3, "explore_share": 1.0, "explore_cost": 1000.0,
+                           "correct_latency": False, "calibrate_gain": False},
+    },
 }
 BASELINES = ("ar", "hf-pld")
 METHODS_HELP = (

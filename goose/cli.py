@@ -100,15 +100,16 @@ def _cmd_calibrate(args) -> int:
 
     torch.set_num_threads(args.threads)
     model, _ = models.load(args.model, args.dtype)
-    kw = {"repeats": latency.FULL_ROUNDS, "budget_s": float("inf"), "stop_ratio": float("inf")} if args.full else {}
+    kw = {"sizes": latency.FULL_SIZES, "repeats": latency.FULL_ROUNDS, "budget_s": float("inf"), "stop_ratio": float("inf")} if args.full else {}
     t0 = time.perf_counter()
     curve = latency.curve_for(model, use_cache=not args.full, force=args.force, **kw)
     print(f"CPU: {machine.describe()}; {args.threads} threads; {latency.describe(model)}")
     print(f"curve ready in {time.perf_counter() - t0:.1f} s ({'cached: ' + str(latency.curve_path(model)) if not args.full else 'not cached (--full)'})")
     t1 = curve(1)
-    print("| n | ms | x t(1) |\n|---|---|---|")
+    print("| n | ms | x t(1) | linear layers |\n|---|---|---|---|")
     for n in curve.sizes:
-        print(f"| {n} | {1000 * curve(n):.1f} | {curve(n) / t1:.2f} |")
+        form = "weight @ x.T" if n in curve.skinny else "stock"
+        print(f"| {n} | {1000 * curve(n):.1f} | {curve(n) / t1:.2f} | {form} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": machine.describe(), "threads": args.threads, "model": args.model, "dtype": args.dtype, **curve.to_dict()}, f)
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
     sc.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     sc.add_argument("--threads", type=int, default=2, help="torch threads (the curve is cached per thread count)")
-    sc.add_argument("--full", action="store_true", help="every size 1-128, 5 rounds, no time limit (for plots)")
+    sc.add_argument("--full", action="store_true", help="every size 1-64, then 80, 96, 128, 5 rounds, no time limit (for plots)")
     sc.add_argument("--force", action="store_true", help="measure again even if a cached curve exists")
     sc.add_argument("--json", default=None, help="also write the curve to this file")
     sc.set_defaults(func=_cmd_calibrate)

@@ -20,9 +20,13 @@ from pathlib import Path
 
 # Every size the fit may pick up to 64 (bfloat16 and small-row kernels change with the row count),
 # then coarser; beyond the last size the curve is extended in proportion.
-SIZES = (*range(1, 65), 80, 96, 128)
+SIZES = (*range(1, 25), 28, 32, 40, 48, 56, 64, 80, 96, 128)
+FULL_SIZES = (*range(1, 65), 80, 96, 128)
+# sizes at which both forms of the linear layers are timed; a size between takes the form of the
+# nearest compared size (the forms switch at a crossover, not back and forth)
+COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
-CURVE_VERSION = 2  # bump when the measuring method changes: cached curves are measured anew
+CURVE_VERSION = 3  # bump when the measuring method changes: cached curves are measured anew
 
 log = logging.getLogger("goose")
 
@@ -33,6 +37,7 @@ class LatencyCurve:
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
+    skinny: tuple[int, ...] = ()  # sizes whose tree pass is faster with weight @ x.T linears
 
     def __call__(self, n: int) -> float:
         s, t = self.sizes, self.seconds
@@ -51,7 +56,11 @@ class LatencyCurve:
         return [0.0] + [self(n) for n in range(1, n_max + 1)]
 
     def to_dict(self) -> dict:
-        return {"sizes": list(self.sizes), "seconds": list(self.seconds)}
+        return {"sizes": list(self.sizes), "seconds": list(self.seconds), "skinny": list(self.skinny)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LatencyCurve:
+        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())))
 
 
 def _key(model) -> str:
@@ -94,6 +103,7 @@ def measure(
     budget_s: float = 25.0,
     stop_ratio: float = 12.0,
     progress=None,
+    compare_linear: bool = True,
 ) -> LatencyCurve:
     """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n.
 
@@ -103,7 +113,11 @@ def measure(
     ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
-    then prefers the larger tree). ``progress(text)`` is called as it goes.
+    then prefers the larger tree). With ``compare_linear``, round 1 times each size from 2 to 64
+    both with stock linear layers and as ``weight @ x.T`` (verifiers/skinny.py), keeps the faster
+    form for that size (``LatencyCurve.skinny``; later rounds time that form), and the verifier's
+    ``linear="auto"`` then runs each tree size in its faster form: the curve measures the
+    verifier as it will run. ``progress(text)`` is called as it goes.
     """
     import torch
 
@@ -123,27 +137,51 @@ def measure(
         toks = torch.randint(0, vocab, (n,), generator=g).tolist()
         trees[n] = DraftTree.from_chain(toks[0], toks[1:], "x")
 
-    def once(n: int) -> float:
+    from goose.verifiers.skinny import MAX_ROWS
+
+    def once(n: int, skinny: bool = False) -> float:
         tree = trees[n]
         mask = tree.attention_mask(v.past_len, dtype=v.dtype, device=v.device) if n > 1 else None
         pos = tree.position_ids(v.past_len, device=v.device)
         ids = torch.tensor([tree.tokens], device=v.device)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            v._forward(ids, mask, pos)
+            v._forward(ids, mask, pos, skinny=skinny)
         dt = time.perf_counter() - t0
         v.cache.crop(-n)
         return dt
 
+    # both forms of the linear layers are timed where the verifier may use either
+    can = compare_linear and bool(v._linears)
+    compared = [c for c in COMPARE if c <= MAX_ROWS]
+
+    def both(n: int) -> bool:
+        return can and n in compared
+
+    def nearest(n: int, form: dict) -> bool:
+        known = [c for c in compared if c in form]
+        if not can or not known or not (2 <= n <= MAX_ROWS):
+            return False
+        return form[min(known, key=lambda c: (abs(c - n), c))]
+
     say = progress or (lambda text: None)
     for n in (1, 1, 1, min(8, sizes[-1])):  # warm-up
         once(n)
+        if both(min(8, sizes[-1])):
+            once(min(8, sizes[-1]), True)
     times: dict[int, list[float]] = {}
+    form: dict[int, bool] = {}  # size -> skinny form faster
     t1 = min(once(1) for _ in range(3))
     for n in sizes:  # round 1: up to the size where trees stop paying
-        dt = once(n)
+        if both(n):
+            dt, ds = once(n), once(n, True)
+            form[n] = ds < dt
+            dt = min(dt, ds)
+        else:
+            form[n] = nearest(n, form)
+            dt = once(n, form[n])
         times[n] = [dt]
-        say(f"size {n}: {1000 * dt:.1f} ms ({time.perf_counter() - t_start:.1f} s)")
+        say(f"size {n}: {1000 * dt:.1f} ms{' (skinny)' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
         if n > 1 and dt > stop_ratio * t1:
             break
     kept = sorted(times)
@@ -153,11 +191,11 @@ def measure(
         if spent + one_round > budget_s:
             break
         for n in kept:
-            times[n].append(once(n))
+            times[n].append(once(n, form[n]))
         say(f"round {r + 1}/{repeats} ({time.perf_counter() - t_start:.1f} s)")
     v.end()
     med = [statistics.median(times[n]) for n in kept]
-    return LatencyCurve(tuple(kept), tuple(med))
+    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n]))
 
 
 def _progress_printer(label: str):
@@ -174,7 +212,7 @@ def _progress_printer(label: str):
     def done(text: str) -> None:
         line = f"goose: forward latency for {label} {text}"
         log.info(line)
-        sys.stderr.write(("\r" if tty else "") + line[:118].ljust(118 if tty else 0) + "\n")
+        sys.stderr.write(("\r" + line.ljust(118) if tty else line) + "\n")
         sys.stderr.flush()
 
     return say, done
@@ -194,6 +232,17 @@ def curve_path(model) -> Path:
     return cache_dir() / f"{_key(model)}.json"
 
 
+def cached_curve(model) -> LatencyCurve | None:
+    """The cached curve for this model and setting, or None (never measures)."""
+    path = curve_path(model)
+    if not path.exists():
+        return None
+    try:
+        return LatencyCurve.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def curve_for(model, use_cache: bool = True, force: bool = False, **measure_kw) -> LatencyCurve:
     """The cached curve for this (model, dtype, device, threads), measured on first use.
 
@@ -201,15 +250,17 @@ def curve_for(model, use_cache: bool = True, force: bool = False, **measure_kw) 
     ``goose calibrate`` does it ahead of time.
     """
     path = curve_path(model)
-    if use_cache and not force and path.exists():
-        d = json.loads(path.read_text())
-        return LatencyCurve(tuple(d["sizes"]), tuple(d["seconds"]))
+    if use_cache and not force:
+        cached = cached_curve(model)
+        if cached is not None:
+            return cached
     say, done = _progress_printer(describe(model))
     t0 = time.perf_counter()
     curve = measure(model, progress=say, **measure_kw)
     done(
         f"measured in {time.perf_counter() - t0:.1f} s: t(1) = {1000 * curve(1):.1f} ms, "
         f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
+        + (f"; weight @ x.T faster at {len(curve.skinny)} sizes" if curve.skinny else "; stock linear layers everywhere")
         + (f"; cached in {path}" if use_cache else "")
     )
     if use_cache:

@@ -126,6 +126,9 @@ def test_bench_end_to_end_on_a_local_folder(tiny_model_dir, tmp_path, capsys):
     assert rc == 0
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["dtype"] == "float32" and data["meta"]["threads"] == 1
+    cpu = data["meta"]["machine"]["cpu"]
+    assert cpu["model"] and cpu["cores"] >= 1 and set(cpu["flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+    assert f"CPU: {data['meta']['machine']['cpu_line']}" in printed
     assert {"goose", "torch", "transformers"} <= set(data["meta"]["versions"])
     runs = data["runs"]
     assert len(runs) == 2 * len(methods)
@@ -201,3 +204,34 @@ def test_greedy_from_reuses_an_earlier_runs_greedy_outputs(tiny_model_dir, tmp_p
     (tmp_path / "other.json").write_text(json.dumps(bad))
     assert main(["report", str(first), str(tmp_path / "other.json")]) != 0
     assert "not comparable" in capsys.readouterr().err
+
+
+def test_calibrate_measures_caches_and_prints_the_curve(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "curve.json"
+    rc = main(["calibrate", "--model", str(tiny_model_dir), "--threads", "1", "--force", "--json", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert "goose: forward latency for" in cap.err and "measured in" in cap.err  # the progress/done line
+    assert "| n | ms | x t(1) | linear layers |" in cap.out and "CPU: " in cap.out
+    d = json.loads(out.read_text())
+    assert d["sizes"][0] == 1 and len(d["sizes"]) == len(d["seconds"]) and set(d["skinny"]) <= set(d["sizes"])
+    # the second call reads the cache: no measuring line
+    rc = main(["calibrate", "--model", str(tiny_model_dir), "--threads", "1"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "measured in" not in cap.err and "cached:" in cap.out
+
+
+def test_splits_expand_to_their_datasets():
+    from goose import datasets
+
+    try:
+        tune = bench.select_prompts("tune@2")
+        measure = bench.select_prompts("measure@2")
+    except InvalidInputError:
+        if REQUIRE:
+            raise
+        pytest.skip("benchmark data not found")
+    assert len(tune) == 8 and len(measure) == 12
+    keys = lambda ps: {(p.dataset, p.id) for p in ps}  # noqa: E731
+    assert not keys(tune) & keys(measure)  # judged on prompts it was not tuned on
+    assert set(datasets.SPLITS) == {"tune", "measure"}

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import inspect
 import time
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
@@ -28,7 +30,12 @@ ROOT_PREDECESSOR_ROUTES = frozenset({"single", "chain", "bypass"})
 
 
 class TreeVerifierOptions(Options):
-    pass
+    linear: Literal["auto", "stock", "skinny"] = Field(
+        "auto",
+        description="linear layers of tree passes (2-64 nodes): 'stock' F.linear; 'skinny' weight @ x.T "
+        "(verifiers/skinny.py); 'auto' the faster per tree size, as the cached latency calibration measured "
+        "(stock where none is cached). One-token steps always run stock",
+    )
 
 
 class GreedyTreeVerifier(Verifier):
@@ -64,6 +71,10 @@ class GreedyTreeVerifier(Verifier):
         self.sliding_window = int(sliding) if (uses_window and sliding) else None
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        from goose.verifiers import skinny
+
+        self._linears = skinny.linears(model) if self.options.linear != "stock" else []
+        self._skinny_sizes: frozenset[int] | None = None  # resolved on the first tree pass ("auto")
         # transformers' causal LMs compute the LM head for the last k positions only when told.
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         try:
@@ -93,14 +104,37 @@ class GreedyTreeVerifier(Verifier):
         except TypeError:  # older signature
             return DynamicCache()
 
-    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None):
+    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, skinny: bool = False):
         kw = {self._cache_kw: self.cache}
         if keep is not None and self._keep_kw is not None and keep < input_ids.shape[1]:
             kw[self._keep_kw] = keep
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
-        )
+        if skinny and self._linears:
+            from goose.verifiers.skinny import rerouted
+
+            with rerouted(self.model, self._linears):
+                out = self.model(
+                    input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
+                )
+        else:
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
+            )
         return out.logits[0]
+
+    def _use_skinny(self, n: int) -> bool:
+        """Whether a tree pass of n nodes runs its linear layers as weight @ x.T."""
+        from goose.verifiers.skinny import MAX_ROWS
+
+        if not self._linears or not (2 <= n <= MAX_ROWS):
+            return False
+        if self.options.linear == "skinny":
+            return True
+        if self._skinny_sizes is None:
+            from goose.latency import cached_curve
+
+            curve = cached_curve(self.model)
+            self._skinny_sizes = frozenset(curve.skinny) if curve is not None else frozenset()
+        return n in self._skinny_sizes
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:
@@ -134,8 +168,11 @@ class GreedyTreeVerifier(Verifier):
             mask = tree.attention_mask(past, dtype=self.dtype, device=self.device)
             pos = tree.position_ids(past, device=self.device)
         t1 = time.perf_counter()
-        logits = self._forward(ids, mask, pos)
+        skinny = tree.num_nodes > 1 and self._use_skinny(tree.num_nodes)
+        logits = self._forward(ids, mask, pos, skinny=skinny)
         t2 = time.perf_counter()
+        if skinny:
+            tm["skinny_passes"] = tm.get("skinny_passes", 0) + 1
         argmax = top1(logits)
         path = walk(tree, argmax)
         t3 = time.perf_counter()
