@@ -84,6 +84,7 @@ class GreedyTreeVerifier(Verifier):
             self.device, self.dtype = torch.device("cpu"), torch.float32
         if not self.dtype.is_floating_point:
             self.dtype = torch.float32
+        self.device = input_device(model, self.device)
 
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
         total = prompt_len + max_new_tokens + max_depth
@@ -203,10 +204,15 @@ class GreedyTreeVerifier(Verifier):
         """Keep the cache rows of the accepted nodes (root first) in contiguous slots, drop the rest."""
         keep = past + len(path)
         if path[-1] != len(path) - 1:  # not a prefix of the layout: gather first
-            src = torch.tensor([past + i for i in path[1:]], device=self.device)
+            rows = [past + i for i in path[1:]]
+            src: dict = {}  # one index tensor per device the layers' caches live on
             for layer in _layers(self.cache):
-                layer.keys[:, :, past + 1 : keep] = layer.keys.index_select(2, src)
-                layer.values[:, :, past + 1 : keep] = layer.values.index_select(2, src)
+                dev = layer.keys.device
+                idx = src.get(dev)
+                if idx is None:
+                    idx = src[dev] = torch.tensor(rows, device=dev)
+                layer.keys[:, :, past + 1 : keep] = layer.keys.index_select(2, idx)
+                layer.values[:, :, past + 1 : keep] = layer.values.index_select(2, idx)
         remove = past + num_nodes - keep
         if remove > 0:
             # A negative argument removes that many trailing entries (the form both the old and the
@@ -219,6 +225,35 @@ class GreedyTreeVerifier(Verifier):
     def stats(self) -> dict:
         """Seconds spent per part of verification in the last generation."""
         return dict(getattr(self, "timers", {}))
+
+
+def input_device(model, default: torch.device) -> torch.device:
+    """Where the model takes its input ids: the input embedding's device, or, for a model
+    dispatched by accelerate with the embedding offloaded (its weight on ``meta``), the execution
+    device of accelerate's hook on it. A model on ``meta`` with no such hook cannot run."""
+    emb = None
+    try:
+        emb = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        pass
+    w = getattr(emb, "weight", None)
+    dev = w.device if isinstance(w, torch.Tensor) else default
+    if dev.type == "meta":
+        for mod in (emb, model):
+            hook = getattr(mod, "_hf_hook", None)
+            ex = getattr(hook, "execution_device", None)
+            if ex is not None:
+                ex = torch.device(ex) if not isinstance(ex, torch.device) else ex
+                if isinstance(ex, torch.device) and ex.type != "meta":
+                    return ex
+        raise UnsupportedModelError(
+            f"model {type(model).__name__} has its weights on the 'meta' device and no accelerate hook "
+            "that loads them (input embedding on 'meta', no execution device): it cannot run a forward. "
+            "Allowed: weights on a real device, or dispatched by accelerate (from_pretrained(device_map=..., "
+            "offload_folder=...) or accelerate.dispatch_model). Hint: load the weights, e.g. "
+            "from_pretrained(path) or model.to_empty(device='cpu') followed by loading a state dict."
+        )
+    return dev
 
 
 def top1(logits: torch.Tensor) -> tuple[int, ...]:
