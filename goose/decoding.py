@@ -32,7 +32,7 @@ class Stats:
     routes: dict  # {route: cycles}
     accept_lengths: tuple[int, ...]  # accepted draft tokens per cycle
     time_s: dict  # {"draft": s (sources + tree shaping), "sources": s, "verify": s, "observe": s, "total": s}
-    stopped_by: str  # "eos", "stop_token", "max_new_tokens" or "none"
+    stopped_by: str  # "eos", "stop_token", "max_new_tokens", "stopping_criteria" or "none"
     extra: dict = field(default_factory=dict)  # sources' and policy's own stats
     verify_time_by_route: dict = field(default_factory=dict)  # {route: seconds in verify()}
 
@@ -248,15 +248,56 @@ class Decoder:
         return ids
 
     # ---------------------------------------------------------------------------------------------
-    def generate(self, prompt, max_new_tokens: int = 128, stop_token_ids: Iterable[int] | None = None):
-        """Decode greedily (speculatively), return a :class:`GenerationOutput`.
+    def generate(
+        self,
+        prompt,
+        max_new_tokens: int = 128,
+        stop_token_ids: Iterable[int] | None = None,
+        *,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        min_new_tokens: int = 0,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        logits_processor=None,
+        stopping_criteria=None,
+    ):
+        """Decode (speculatively), return a :class:`GenerationOutput`.
 
-        Output is identical to greedy decoding. Stops after ``max_new_tokens`` or when a stop token
-        (the model's eos ids, the decoder's and these ``stop_token_ids``) is committed; the stop
-        token is included in the output, as in transformers' ``generate``.
+        By default the output is identical to greedy decoding. Stops after ``max_new_tokens`` or
+        when a stop token (the model's eos ids, the decoder's and these ``stop_token_ids``) is
+        committed; the stop token is included in the output, as in transformers' ``generate``.
+
+        Sampling and processors, as transformers' ``generate`` takes them: ``do_sample``,
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
+        ``min_new_tokens``, a ``logits_processor`` list (applied after those) and
+        ``stopping_criteria`` (a ``StoppingCriteriaList``, checked after every token). Draws come
+        from ``generator``, or a new one seeded with ``seed``, or torch's global generator (as
+        transformers draws): under the same ``torch.manual_seed`` the output equals
+        ``model.generate(do_sample=True, ...)``'s token for token (verifiers/sampling.py).
+        Greedy with none of these runs the plain argmax walk.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        from goose.verifiers.sampling import Sampling
+
+        sampling = Sampling(bool(do_sample), temperature, top_k, top_p, min_p, repetition_penalty, min_new_tokens)
+        if seed is not None and generator is not None:
+            raise InvalidInputError("give seed or generator, not both. Hint: generator=torch.Generator().manual_seed(seed)")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidInputError(f"seed must be an int, got {seed!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise InvalidInputError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        needs_rule = not sampling.plain_greedy or bool(logits_processor) or bool(stopping_criteria)
+        if needs_rule and not getattr(self.verifier, "supports_rules", False):
+            raise InvalidInputError(
+                f"verifier {self.verifier.name!r} verifies greedily only, so it cannot sample or apply logits "
+                "processors / stopping criteria. Hint: compose with verifier='greedy' (the tree verifier, which does both)."
+            )
         ids = self._prompt_ids(prompt)
         prompt_len = ids.numel()
         stops = set(self.stop_token_ids)
@@ -274,13 +315,26 @@ class Decoder:
             stats = Stats(prompt_len, 0, 0, 0, {}, {}, (), {"total": 0.0}, "max_new_tokens")
             return GenerationOutput([], "", stats, prompt_ids)
         self.verifier.check_request(prompt_len, max_new_tokens, self.max_nodes)
+        rule = None
+        if needs_rule:
+            from goose.verifiers.sampling import TokenRule, build_processors
+
+            procs = build_processors(sampling, prompt_len, sorted(self.eos_token_ids))
+            if logits_processor:
+                procs.extend(logits_processor)
+            if seed is not None:
+                generator = torch.Generator().manual_seed(seed)
+            rule = TokenRule(
+                prompt_ids, max_new_tokens, max_new_tokens + self.max_nodes + 1, procs, sampling.do_sample,
+                generator, frozenset(stops), stopping_criteria,
+            )
         worker = self._acquire()
         try:
-            return self._run(worker, ids, prompt_ids, max_new_tokens, stops, t_start)
+            return self._run(worker, ids, prompt_ids, max_new_tokens, stops, t_start, rule)
         finally:
             self._release(worker)
 
-    def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float):
+    def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float, rule=None):
         sources, policy, verifier = worker.sources, worker.policy, worker.verifier
         prompt_len = len(prompt_ids)
 
@@ -303,6 +357,8 @@ class Decoder:
         for s in sources:
             keep = max(keep, int(s.prefill_positions(prompt_len) or 0))
         keep = min(keep, prompt_len)
+        if rule is not None:
+            verifier.rule = rule
         try:
             v = verifier.prefill(ids, keep=keep) if _takes_keep(verifier) else verifier.prefill(ids)
             forwards = 1
@@ -318,8 +374,13 @@ class Decoder:
                 # -- commit (already cut at the first stop token and at max_new_tokens) ---------
                 new.extend(committed)
                 seq.extend(committed)
+                if rule is not None:
+                    rule.commit(committed)
                 if committed and committed[-1] in stops:
                     stopped_by = "eos" if committed[-1] in self.eos_token_ids else "stop_token"
+                    break
+                if rule is not None and rule.stopped == "criteria":
+                    stopped_by = "stopping_criteria"
                     break
                 if len(new) >= max_new_tokens:
                     stopped_by = "max_new_tokens"
@@ -359,7 +420,8 @@ class Decoder:
                 routes[tree.route] += 1
                 route_time[tree.route] += t2 - t1
                 accept_lengths.append(len(v.path) - 1)
-                committed = _cut((*v.accepted, v.bonus), stops, max_new_tokens - len(new))
+                step_tokens = (*v.accepted, v.bonus) if v.bonus is not None else tuple(v.accepted)
+                committed = _cut(step_tokens, stops, max_new_tokens - len(new))
                 if hook_step is not None:
                     hook_step(
                         decoder=self,
@@ -368,6 +430,8 @@ class Decoder:
                 step += 1
         finally:
             verifier.end()
+            if rule is not None:
+                verifier.rule = None
 
         per_source = {o: {"drafted": drafted[o], "accepted": accepted[o]} for o in sorted(drafted)}
         extra = {}
@@ -378,6 +442,8 @@ class Decoder:
             extra["policy"] = policy.stats()
         if verifier.stats():
             extra["verifier"] = verifier.stats()
+        if rule is not None:
+            extra["sampling"] = {"walk": rule.kind, "draws": rule.draws}
         stats = Stats(
             prompt_len,
             len(new),

@@ -115,7 +115,8 @@ class Verified:
     tree: DraftTree | None = None  # the verified tree (tree passes)
     path: tuple[int, ...] = ()  # accepted node indices, root first (tree passes)
     accepted: tuple[int, ...] = ()  # accepted draft tokens: root and bonus excluded
-    bonus: int | None = None  # the target's token after the last accepted node
+    bonus: int | None = None  # the target's token after the last accepted node (None: the walk ended on one)
+    walk: str = "greedy"  # how tokens were chosen: "greedy" (raw argmax), "processed" or "sample"
 
     @property
     def accept_length(self) -> int:

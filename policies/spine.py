@@ -355,7 +355,7 @@ class SpinePolicy(TreePolicy):
             # The walk followed the spine, left it where it broke, and went on along a branch.
             c["continuation_cycles"] += 1
             c["continuation_tokens"] += acc_branch
-        if n_spine:
+        if n_spine and verified.walk == "greedy":
             # Per-cycle dominance (Prop. 4): re-walk the spine alone with the target's argmax.
             children, toks, am = tree.children, tree.tokens, verified.argmax
             node, chain_len = 0, 0

@@ -63,19 +63,25 @@ def test_measure_and_cache_on_a_model():
     assert c1 == c2
 
 
-def test_measure_stops_where_trees_cannot_pay_and_reports_progress():
-    """A model whose forward costs grow with every token: measuring stops at stop_ratio x t(1)."""
-    import time as _time
+def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
+    """A model whose forward costs grow with every token: measuring stops at stop_ratio x t(1).
+
+    The clock is the model's own (each forward advances it by 2 ms a token), so the test does not
+    depend on the machine's load."""
+    import goose.latency as lat
+
+    clock = {"t": 0.0}
 
     class Slow(ToyCausalLM):
         def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
-            _time.sleep(0.002 * input_ids.shape[1])
+            clock["t"] += 0.002 * input_ids.shape[1]
             return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
 
+    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
     lines = []
     c = measure(Slow(16), past_len=8, repeats=2, stop_ratio=4.0, progress=lines.append)
-    assert c.sizes[-1] < 10  # 4 x t(1) is reached near n = 4-5, far before 128
-    assert c.sizes == tuple(range(1, c.sizes[-1] + 1))  # every size up to there
+    assert c.sizes == (1, 2, 3, 4, 5)  # 5 tokens cost 5 > 4 x t(1): the last size measured
+    assert c.seconds == pytest.approx((0.002, 0.004, 0.006, 0.008, 0.010))
     assert any("size 1:" in x for x in lines) and any("round 2/2" in x for x in lines)
     assert c(64) > c(c.sizes[-1])  # extended in proportion past the last size
 

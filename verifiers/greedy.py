@@ -39,10 +39,17 @@ class TreeVerifierOptions(Options):
 
 
 class GreedyTreeVerifier(Verifier):
-    """Verify a draft tree in one forward of the unmodified model; greedy walk; gather+crop commit."""
+    """Verify a draft tree in one forward of the unmodified model; greedy walk; gather+crop commit.
+
+    With a :class:`~goose.verifiers.sampling.TokenRule` set for the request (``rule``; the loop
+    sets it when ``generate`` samples or applies logits processors) the walk chooses each token
+    with the rule instead of the raw argmax (:func:`~goose.verifiers.sampling.rule_walk`).
+    """
 
     name = "greedy"
     Options = TreeVerifierOptions
+    supports_rules = True
+    rule = None
 
     def bind(self, model) -> None:
         self.model = model
@@ -155,7 +162,12 @@ class GreedyTreeVerifier(Verifier):
         self.before_root = int(ids[0, -1])
         prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])[n - k :]
         argmax = top1(logits)
-        return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=argmax[-1])
+        rule = self.rule
+        if rule is None:
+            return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=argmax[-1])
+        first = rule.choose(logits[-1], ())
+        rule.ends((first,))
+        return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=first, walk=rule.kind)
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree) -> Verified:
@@ -175,7 +187,14 @@ class GreedyTreeVerifier(Verifier):
         if skinny:
             tm["skinny_passes"] = tm.get("skinny_passes", 0) + 1
         argmax = top1(logits)
-        path = walk(tree, argmax)
+        rule = self.rule
+        if rule is None:
+            path = walk(tree, argmax)
+            accepted, bonus = tuple(tree.tokens[i] for i in path[1:]), argmax[path[-1]]
+        else:
+            from goose.verifiers.sampling import rule_walk
+
+            path, accepted, bonus = rule_walk(tree, logits, rule)
         t3 = time.perf_counter()
         self.commit(past, path, tree.num_nodes)
         self.past_len = past + len(path)
@@ -187,17 +206,11 @@ class GreedyTreeVerifier(Verifier):
         toks = tree.tokens
         root_pred = self.before_root if tree.route in ROOT_PREDECESSOR_ROUTES else -1
         pred = torch.tensor([root_pred, *(toks[p] for p in tree.parents[1:])], dtype=torch.long)
+        # the token before the next anchor: the last accepted node's (the anchor is the bonus)
         self.before_root = toks[path[-1]]
         return Verified(
-            "tree",
-            ids[0],
-            pred,
-            logits,
-            argmax,
-            tree,
-            path,
-            tuple(toks[i] for i in path[1:]),
-            argmax[path[-1]],
+            "tree", ids[0], pred, logits, argmax, tree, path, accepted, bonus,
+            walk="greedy" if rule is None else rule.kind,
         )
 
     def commit(self, past: int, path: tuple[int, ...], num_nodes: int) -> None:

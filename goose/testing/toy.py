@@ -106,3 +106,35 @@ def reference_greedy(
         if nxt in stop_ids:
             break
     return out
+
+
+def reference_logits(seq: Sequence[int], vocab_size: int) -> torch.Tensor:
+    """The toy's float32 logits row after ``seq``, from scratch: ``-((v - target) mod V)``."""
+    t = reference_next(seq, vocab_size)
+    return -((torch.arange(vocab_size) - t) % vocab_size).to(torch.float32).view(1, -1)
+
+
+def reference_sample(
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    vocab_size: int,
+    processors=None,
+    generator: torch.Generator | None = None,
+    stop_ids: Sequence[int] = (),
+    do_sample: bool = True,
+) -> list[int]:
+    """One token at a time, as transformers' sampling loop: processors on the prefix, softmax, one draw."""
+    seq, out = list(prompt), []
+    while len(out) < max_new_tokens:
+        scores = reference_logits(seq, vocab_size)
+        if processors is not None and len(processors):
+            scores = processors(torch.tensor([seq], dtype=torch.long), scores)
+        if do_sample:
+            tok = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[0, 0])
+        else:
+            tok = int(scores.argmax(-1)[0])
+        out.append(tok)
+        seq.append(tok)
+        if tok in stop_ids:
+            break
+    return out

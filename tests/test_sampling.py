@@ -1,0 +1,232 @@
+"""Sampling without loss (issue 12): the tree sampler equals one-token-at-a-time sampling under one seed.
+
+On the exact toy model the tree pass's logits equal the one-token pass's, so the property is
+exact: for arbitrary draft trees, prompts, temperatures, top-k / top-p / min-p and repetition
+penalties, Goose's output equals a reference sampler (``goose.testing.reference_sample``: one
+draw per token from transformers' processors, softmax and ``torch.multinomial``) under the same
+generator, token for token, across EOS and ``max_new_tokens`` edges. The fault-injection tests
+break the walk on purpose (a drafted child accepted without a draw, two draws for one token, the
+processors given the wrong prefix) and check that the same property then fails.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import goose
+from goose.testing import ArbitraryTreeSource, ToyCausalLM, reference_sample
+from goose.testing.kit import ArbitraryTreeOptions
+from goose.verifiers import sampling
+from goose.verifiers.sampling import Sampling, build_processors
+
+V = 16
+
+cases = st.fixed_dictionaries(
+    {
+        "prompt": st.lists(st.integers(0, V - 1), min_size=1, max_size=30),
+        "max_new": st.integers(0, 40),
+        "budget": st.integers(1, 24),
+        "eos": st.none() | st.integers(0, V - 1),
+        "tree_seed": st.integers(0, 2**31 - 1),
+        "p_oracle": st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+        "seed": st.integers(0, 2**31 - 1),
+        "temperature": st.sampled_from([0.3, 0.7, 1.0, 1.5]),
+        "top_k": st.sampled_from([None, 0, 3, 8]),
+        "top_p": st.sampled_from([None, 0.5, 0.9, 1.0]),
+        "min_p": st.sampled_from([None, 0.1]),
+        "repetition_penalty": st.sampled_from([None, 1.3]),
+        "do_sample": st.sampled_from([True, True, True, False]),
+        "user_processor": st.booleans(),
+    }
+)
+
+
+def _params(c):
+    return dict(
+        do_sample=c["do_sample"], temperature=c["temperature"] if c["do_sample"] else None, top_k=c["top_k"],
+        top_p=c["top_p"], min_p=c["min_p"], repetition_penalty=c["repetition_penalty"],
+    )
+
+
+class LastTokenBias:
+    """A user logits processor that depends on the exact prefix: favours (last token + 1) mod V."""
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[0, (int(input_ids[0, -1]) + 1) % scores.shape[-1]] += 2.0
+        return scores
+
+
+def run(c):
+    model = ToyCausalLM(V, eos_token_id=c["eos"])
+    src = ArbitraryTreeSource(ArbitraryTreeOptions(seed=c["tree_seed"], p_oracle=c["p_oracle"], p_chain=0.5))
+    dec = goose.compose(model, None, sources=[src], policy="proposal", budget=c["budget"])
+    p = _params(c)
+    user = [LastTokenBias()] if c.get("user_processor") else None
+    out = dec.generate(c["prompt"], max_new_tokens=c["max_new"], generator=torch.Generator().manual_seed(c["seed"]),
+                       logits_processor=user, **p)
+    procs = build_processors(Sampling(**p), len(c["prompt"]), [] if c["eos"] is None else [c["eos"]])
+    if user:
+        procs.extend(user)
+    ref = reference_sample(c["prompt"], c["max_new"], V, procs, torch.Generator().manual_seed(c["seed"]),
+                           [] if c["eos"] is None else [c["eos"]], do_sample=c["do_sample"])
+    return out, ref
+
+
+@given(cases)
+def test_tree_sampling_equals_one_token_sampling_under_one_seed(c):
+    out, ref = run(c)
+    assert out.token_ids == ref
+    if c["do_sample"] and c["max_new"]:
+        # one draw per committed token, no more: transformers' generator state after the call
+        assert out.stats.extra["sampling"]["draws"] == len(ref)
+
+
+def test_drafts_are_accepted_by_draws():
+    """Likely drafts are accepted under sampling: fewer forwards than tokens, and stats per source."""
+    c = dict(prompt=[1, 2, 3, 4, 1, 2, 3], max_new=40, budget=16, eos=None, tree_seed=3, p_oracle=1.0,
+             seed=7, temperature=0.3, top_k=None, top_p=None, min_p=None, repetition_penalty=None, do_sample=True)
+    out, ref = run(c)
+    assert out.token_ids == ref
+    assert out.stats.forward_passes < len(ref)
+    acc = sum(d["accepted"] for d in out.stats.per_source.values())
+    assert acc == len(ref) - out.stats.forward_passes  # every accepted draft saved one forward
+
+
+def test_global_generator_is_used_like_transformers():
+    model = ToyCausalLM(V)
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    torch.manual_seed(11)
+    a = dec.generate(prompt, max_new_tokens=30, do_sample=True, temperature=0.8).token_ids
+    torch.manual_seed(11)
+    b = reference_sample(prompt, 30, V, build_processors(Sampling(True, 0.8), len(prompt), []), None)
+    assert a == b
+    c = dec.generate(prompt, max_new_tokens=30, do_sample=True, temperature=0.8, seed=11).token_ids
+    d = dec.generate(prompt, max_new_tokens=30, do_sample=True, temperature=0.8, seed=11).token_ids
+    assert c == d  # a per-call seed is its own generator
+
+
+def test_stopping_criteria_cut_where_transformers_would():
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class AfterToken(StoppingCriteria):
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __call__(self, input_ids, scores, **kw):
+            return input_ids[:, -1] == self.tok
+
+    model = ToyCausalLM(V)
+    prompt = [1, 2, 3, 4, 5, 6]
+    ref = reference_sample(prompt, 40, V, build_processors(Sampling(True, 1.0), len(prompt), []), torch.Generator().manual_seed(5))
+    stop_at = ref[10]
+    want = ref[: ref.index(stop_at) + 1]
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16)
+    out = dec.generate(prompt, max_new_tokens=40, do_sample=True, seed=5, stopping_criteria=StoppingCriteriaList([AfterToken(stop_at)]))
+    assert out.token_ids == want and out.stats.stopped_by == "stopping_criteria"
+
+
+def test_min_new_tokens_suppresses_eos_as_transformers_does():
+    model = ToyCausalLM(V, eos_token_id=0)
+    prompt = [5, 5, 5]
+    procs = build_processors(Sampling(True, 1.5, min_new_tokens=12), len(prompt), [0])
+    ref = reference_sample(prompt, 30, V, procs, torch.Generator().manual_seed(2), [0])
+    out = goose.compose(model, None, sources=["pld"], policy="chain", budget=8).generate(
+        prompt, max_new_tokens=30, do_sample=True, temperature=1.5, min_new_tokens=12, seed=2)
+    assert out.token_ids == ref and 0 not in ref[:12]
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"temperature": -1.0}, "temperature=-1.0 is not allowed"),
+        ({"do_sample": True, "temperature": 0}, "> 0 when do_sample=True"),
+        ({"top_k": -2}, "top_k=-2"),
+        ({"top_p": 0.0}, r"top_p=0.0 .*\(0, 1\]"),
+        ({"min_p": 2.0}, "min_p=2.0"),
+        ({"repetition_penalty": 0}, "repetition_penalty=0"),
+        ({"min_new_tokens": -1}, "min_new_tokens=-1"),
+        ({"seed": 1, "generator": torch.Generator()}, "seed or generator, not both"),
+        ({"seed": "x"}, "seed must be an int"),
+    ],
+)
+def test_bad_sampling_options_are_named(kw, msg):
+    dec = goose.compose(ToyCausalLM(V), None, sources=["pld"], policy="chain")
+    with pytest.raises(goose.InvalidInputError, match=msg):
+        dec.generate([1, 2, 3], max_new_tokens=4, **kw)
+    assert len(dec.generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
+
+
+# -- fault injection: the property must catch a broken walk --------------------------------------
+FAULT_CASES = [
+    dict(prompt=[(i * 5 + j) % V for j in range(8)], max_new=30, budget=16, eos=None, tree_seed=i, p_oracle=0.9,
+         seed=100 + i, temperature=0.9, top_k=None, top_p=None, min_p=None, repetition_penalty=1.3, do_sample=True,
+         user_processor=True)
+    for i in range(12)
+]
+
+
+def _fails_somewhere(monkeypatch, walk):
+    monkeypatch.setattr(sampling, "rule_walk", walk)
+    bad = 0
+    for c in FAULT_CASES:
+        out, ref = run(c)
+        bad += out.token_ids != ref
+    return bad
+
+
+def test_the_property_holds_on_the_fault_cases():
+    assert all(out.token_ids == ref for out, ref in map(run, FAULT_CASES))
+
+
+def test_fault_accepting_a_drafted_child_without_a_draw(monkeypatch):
+    def walk(tree, logits, rule, choose=None):
+        # the first drafted child is taken on trust; the draws start below it
+        if tree.children[0]:
+            c = tree.children[0][0]
+            path, acc, bonus = sampling_walk(tree, logits, rule, start=c)
+            return path, acc, bonus
+        return real(tree, logits, rule)
+
+    real = sampling.rule_walk
+
+    def sampling_walk(tree, logits, rule, start):
+        children, tokens = tree.children, tree.tokens
+        node, path, drawn = start, [0, start], [tokens[start]]
+        while True:
+            tok = rule.choose(logits[node], drawn)
+            drawn.append(tok)
+            nxt = next((x for x in children[node] if tokens[x] == tok), None)
+            if nxt is not None:
+                path.append(nxt)
+                node = nxt
+            if rule.ends(drawn) or nxt is None:
+                break
+        acc = tuple(drawn[: len(path) - 1])
+        return tuple(path), acc, (drawn[-1] if len(drawn) > len(path) - 1 else None)
+
+    assert _fails_somewhere(monkeypatch, walk) > 0
+
+
+def test_fault_two_draws_for_one_token(monkeypatch):
+    real = sampling.rule_walk
+
+    def walk(tree, logits, rule, choose=None):
+        def twice(row, before):
+            rule.choose(row, before)  # a wasted draw
+            return rule.choose(row, before)
+
+        return real(tree, logits, rule, choose=twice)
+
+    assert _fails_somewhere(monkeypatch, walk) > 0
+
+
+def test_fault_processors_on_the_wrong_prefix(monkeypatch):
+    real = sampling.rule_walk
+
+    def walk(tree, logits, rule, choose=None):
+        return real(tree, logits, rule, choose=lambda row, before: rule.choose(row, before[:-1]))
+
+    assert _fails_somewhere(monkeypatch, walk) > 0

@@ -1,0 +1,207 @@
+"""Choosing the committed tokens as transformers' decoding loop does: processors, then argmax or a draw.
+
+A :class:`TokenRule` is made per request when ``generate`` is asked to sample or to apply logits
+processors (``repetition_penalty``, ``min_new_tokens``, a user's ``LogitsProcessorList``); without
+one the verifier keeps its plain argmax walk. The rule turns one row of raw logits into the next
+token exactly as ``GenerationMixin._sample`` does for one generated token:
+
+    scores = logits_processor(input_ids, float32 logits)     # input_ids: prompt + tokens before it
+    token  = multinomial(softmax(scores), 1)                  # do_sample; argmax(scores) otherwise
+
+The tree walk (:func:`rule_walk`) applies it at the visited nodes only: at node u it draws the
+target's token x given the prefix ending at u; if a child of u carries x the walk moves there,
+otherwise x is the bonus token and the step ends. So every committed token is one draw, in
+order, from exactly the distribution autoregressive sampling uses (the output distribution is the
+model's, whatever the drafts), and with the same generator state the draws are transformers' own:
+under ``torch.manual_seed(s)`` the output equals ``model.generate(do_sample=True, ...)`` token
+for token wherever the tree pass's logits equal the one-token pass's (always on the exact toy
+model; in float32 on real models up to rounding, measured in the tests). The walk stops drawing
+as soon as a drawn token ends the generation (a stop token, ``max_new_tokens``, a stopping
+criterion), as transformers stops, so no draw is spent that transformers would not spend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from goose.errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-call decoding parameters, validated (see ``Decoder.generate``)."""
+
+    do_sample: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_new_tokens: int = 0
+
+    def __post_init__(self):
+        def bad(name, value, allowed, hint):
+            raise InvalidInputError(f"{name}={value!r} is not allowed: {allowed}. Hint: {hint}")
+
+        t = self.temperature
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0):
+            bad("temperature", t, "a number >= 0", "temperature=0.7, or do_sample=False for greedy")
+        if self.do_sample and t is not None and t == 0:
+            bad("temperature", t, "> 0 when do_sample=True (0 is greedy decoding)", "do_sample=False, or temperature=0.7")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            bad("top_k", k, "an int >= 0 (0: off)", "top_k=50")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0):
+            bad("top_p", p, "a number in (0, 1]", "top_p=0.9")
+        m = self.min_p
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0):
+            bad("min_p", m, "a number in [0, 1]", "min_p=0.05")
+        r = self.repetition_penalty
+        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0):
+            bad("repetition_penalty", r, "a number > 0 (1: off)", "repetition_penalty=1.1")
+        n = self.min_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            bad("min_new_tokens", n, "an int >= 0", "min_new_tokens=8")
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Nothing to apply: the verifier's argmax walk is exactly this."""
+        return not self.do_sample and self.repetition_penalty in (None, 1.0) and self.min_new_tokens == 0
+
+
+def build_processors(s: Sampling, prompt_len: int, eos_ids: Sequence[int]):
+    """The processors transformers' ``generate`` would build for these parameters, in its order."""
+    from transformers import (
+        LogitsProcessorList,
+        MinNewTokensLengthLogitsProcessor,
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    procs = LogitsProcessorList()
+    if s.repetition_penalty is not None and s.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(penalty=float(s.repetition_penalty)))
+    if s.min_new_tokens > 0 and eos_ids:
+        procs.append(MinNewTokensLengthLogitsProcessor(prompt_len, s.min_new_tokens, list(eos_ids)))
+    if s.do_sample:
+        if s.temperature is not None and s.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(float(s.temperature)))
+        if s.top_k is not None and s.top_k != 0:
+            procs.append(TopKLogitsWarper(top_k=int(s.top_k), min_tokens_to_keep=1))
+        if s.top_p is not None and s.top_p < 1.0:
+            procs.append(TopPLogitsWarper(top_p=float(s.top_p), min_tokens_to_keep=1))
+        if s.min_p is not None:
+            procs.append(MinPLogitsWarper(min_p=float(s.min_p), min_tokens_to_keep=1))
+    return procs
+
+
+class TokenRule:
+    """One request's token choice: the committed sequence, processors, draw, and when to stop."""
+
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        capacity: int,
+        processors=None,
+        do_sample: bool = False,
+        generator: torch.Generator | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+        stopping_criteria=None,
+        record: bool = False,
+    ):
+        self.processors = processors if processors is not None and len(processors) else None
+        self.do_sample = do_sample
+        self.generator = generator
+        self.stop_ids = stop_ids
+        self.criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
+        self.max_new = max_new_tokens
+        n = len(prompt_ids)
+        self.buf = torch.zeros((1, n + capacity + 1), dtype=torch.long)
+        self.buf[0, :n] = torch.as_tensor(list(prompt_ids), dtype=torch.long)
+        self.n = n  # committed length (prompt + committed tokens)
+        self.generated = 0
+        self.stopped: str | None = None  # "stop_token", "criteria", "max_new_tokens"
+        self.record = record
+        self.scores: list[torch.Tensor] = []  # processed scores of every committed token (record=True)
+        self.raw: list[torch.Tensor] = []  # raw float32 logits of every committed token (record=True)
+        self.draws = 0
+        self.kind = "sample" if do_sample else "processed"
+
+    # -- one token ------------------------------------------------------------------------------
+    def choose(self, row: torch.Tensor, before: Sequence[int]) -> int:
+        """The token after the committed sequence + ``before`` (this step's tokens so far), from its raw row."""
+        k = len(before)
+        if k:
+            self.buf[0, self.n : self.n + k] = torch.as_tensor(list(before), dtype=torch.long)
+        logits = row.to(dtype=torch.float32).view(1, -1).clone()
+        scores = self.processors(self.buf[:, : self.n + k], logits) if self.processors is not None else logits
+        if self.do_sample:
+            probs = torch.softmax(scores, dim=-1)
+            tok = int(torch.multinomial(probs, num_samples=1, generator=self.generator)[0, 0])
+            self.draws += 1
+        else:
+            tok = int(scores.argmax(dim=-1)[0])
+        if self.record:
+            self.scores.append(scores)
+            self.raw.append(logits)
+        return tok
+
+    def ends(self, step_tokens: Sequence[int]) -> bool:
+        """Whether the generation ends with the last of this step's tokens (sets ``stopped``)."""
+        if step_tokens[-1] in self.stop_ids:
+            self.stopped = "stop_token"
+            return True
+        if self.generated + len(step_tokens) >= self.max_new:
+            self.stopped = "max_new_tokens"
+            return True
+        if self.criteria is not None:
+            k = len(step_tokens)
+            self.buf[0, self.n : self.n + k] = torch.as_tensor(list(step_tokens), dtype=torch.long)
+            # transformers hands the criteria its scores only when asked to keep them; none do need them
+            if bool(self.criteria(self.buf[:, : self.n + k], None).any()):
+                self.stopped = "criteria"
+                return True
+        return False
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        k = len(tokens)
+        if k:
+            self.buf[0, self.n : self.n + k] = torch.as_tensor(list(tokens), dtype=torch.long)
+        self.n += k
+        self.generated += k
+        if self.record and len(self.scores) > self.generated:
+            # rows drawn past a cut (never: the walk stops at the first ending token) are dropped
+            del self.scores[self.generated :], self.raw[self.generated :]
+
+
+def rule_walk(
+    tree, logits: torch.Tensor, rule: TokenRule, choose: Callable | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
+    """Walk ``tree`` choosing each token with ``rule``: (path, accepted tokens, bonus or None).
+
+    The bonus is None when the walk ended on an accepted node (a drafted token that ends the
+    generation: a stop token, the last wanted token, a stopping criterion).
+    """
+    choose = choose or rule.choose
+    children, tokens = tree.children, tree.tokens
+    node, path, drawn = 0, [0], []
+    while True:
+        tok = choose(logits[node], drawn)
+        drawn.append(tok)
+        nxt = next((c for c in children[node] if tokens[c] == tok), None)
+        if nxt is not None:
+            path.append(nxt)
+            node = nxt
+        if rule.ends(drawn) or nxt is None:
+            break
+    accepted = tuple(drawn[: len(path) - 1])
+    bonus = drawn[-1] if len(drawn) > len(path) - 1 else None
+    return tuple(path), accepted, bonus
