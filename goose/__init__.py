@@ -6,6 +6,7 @@
 """
 
 from goose.compose import compose, greedy
+from goose.hf import hf_generate
 from goose.decoding import Decoder, GenerationOutput, Stats, StepRecord
 from goose.errors import (
     DecoderBusyError,
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "compose",
     "greedy",
+    "hf_generate",
     "Decoder",
     "GenerationOutput",
     "Stats",

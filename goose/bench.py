@@ -88,20 +88,26 @@ class Run:
 
 
 class Runner:
-    def __init__(self, method: str, model, tok, budget: int | None, max_new: int):
+    def __init__(self, method: str, model, tok, budget: int | None, max_new: int, sampling: dict | None = None):
         self.method, self.model, self.tok, self.max_new = method, model, tok, max_new
         self.decoder = None if method in BASELINES else method_decoder(method, model, tok, budget)
+        # sampling: {"temperature": T, "top_k": k, "top_p": p} (None entries dropped); None: greedy
+        self.sampling = {k: v for k, v in (sampling or {}).items() if v is not None} if sampling else None
 
-    def run(self, ids, max_new: int | None = None) -> tuple[list[int], float, dict]:
+    def run(self, ids, max_new: int | None = None, seed: int = 0) -> tuple[list[int], float, dict]:
         import torch
 
         max_new = self.max_new if max_new is None else max_new
+        sample = dict(do_sample=True, **self.sampling) if self.sampling else {}
+        if self.sampling:
+            torch.manual_seed(seed)  # every method draws from the same global generator state
         if self.decoder is not None:
             t0 = time.perf_counter()
-            out = self.decoder.generate(ids, max_new_tokens=max_new)
+            out = self.decoder.generate(ids, max_new_tokens=max_new, **sample)
             dt = time.perf_counter() - t0
             return out.token_ids, dt, out.stats.to_dict()
         kw = dict(max_new_tokens=max_new, do_sample=False, attention_mask=torch.ones_like(ids))
+        kw.update(sample)
         if self.method == "hf-pld":
             kw["prompt_lookup_num_tokens"] = 10
         gen_cfg = getattr(self.model, "generation_config", None)
@@ -309,6 +315,12 @@ def add_parser(sub) -> None:
     b.add_argument("--no-gap", action="store_true", help="skip the top-2 logit gap at mismatches")
     b.add_argument("--out", default="goose-bench", help="folder for results.json, results.md and the PNG plots")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="sample at this temperature (0: greedy); every method, transformers' too, draws under "
+                   "torch.manual_seed(--seed + prompt index), so 'identical' counts seed-identical outputs")
+    b.add_argument("--top-k", type=int, default=None, help="with --temperature: top-k (default: none)")
+    b.add_argument("--top-p", type=float, default=None, help="with --temperature: top-p (default: none)")
+    b.add_argument("--seed", type=int, default=0, help="with --temperature: seed of the first prompt")
     b.add_argument(
         "--greedy-from", default=None, metavar="RESULTS",
         help="reuse the greedy (ar) outputs of an earlier run's results.json (same model, dtype, threads, "
@@ -339,7 +351,11 @@ def run(args) -> int:
     model, tok = models.load(args.model, args.dtype)
     _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
     t_phase = time.perf_counter()
-    runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens) for m in methods if not (reused and m == "ar")}
+    sampling = None
+    if getattr(args, "temperature", 0.0):
+        sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+        args.no_gap = True  # a top-2 gap says nothing about a draw
+    runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens, sampling) for m in methods if not (reused and m == "ar")}
     _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve once per machine)")
 
     def encode(text: str):
@@ -369,7 +385,7 @@ def run(args) -> int:
                 _progress(k, len(prompts), p, m, t_start)
                 times, toks, st = [], None, {}
                 for _ in range(max(1, args.repeats)):
-                    toks, dt, st = runners[m].run(ids)
+                    toks, dt, st = runners[m].run(ids, seed=args.seed + k)
                     times.append(dt)
                 spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
                 st["time_spread"] = spread
@@ -408,11 +424,17 @@ def run(args) -> int:
         "repeats": args.repeats,
         "warmup": args.warmup,
         "greedy_from": getattr(args, "greedy_from", None),
+        "temperature": getattr(args, "temperature", 0.0),
+        "top_k": getattr(args, "top_k", None),
+        "top_p": getattr(args, "top_p", None),
+        "seed": getattr(args, "seed", 0),
     }
     print(
         f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {len(prompts)} prompts, "
-        f"max_new_tokens {args.max_new_tokens}; methods interleaved per prompt; speedup vs ar (transformers greedy)\n"
-        f"CPU: {machine.describe()}\n"
+        f"max_new_tokens {args.max_new_tokens}; methods interleaved per prompt; speedup vs ar (transformers "
+        + (f"sampling at temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed} + prompt index; "
+           "hf-pld samples too; 'identical' = seed-identical to transformers' sampling)\n" if getattr(args, "temperature", 0.0) else "greedy)\n")
+        + f"CPU: {machine.describe()}\n"
     )
     if reused:
         print(f"Greedy (ar) outputs and timings reused from {args.greedy_from}: compare tau and identity; "
@@ -425,7 +447,10 @@ def run(args) -> int:
             gap = "-" if mm["top2_gap"] is None else f"{mm['top2_gap']:.4g}"
             print(f"  {mm['dataset']}/{mm['prompt_id']} {mm['method']}: first mismatch at token {mm['position']}, greedy top-2 logit gap {gap}")
     else:
-        print("Every method's output is identical to greedy decoding on every prompt.")
+        if getattr(args, "temperature", 0.0):
+            print("Every method's output is identical to transformers' sampling under the same seed on every prompt.")
+        else:
+            print("Every method's output is identical to greedy decoding on every prompt.")
     if noisy:
         print(f"Note: {len(noisy)} runs varied by more than 15% across repeats: the machine was noisy.")
     if args.out:
@@ -460,7 +485,8 @@ def load_greedy(path: str, args, prompts: list) -> dict:
         raise InvalidInputError(f"--greedy-from {path}: no results file at {f}. Hint: the --out folder of an earlier goose bench")
     data = json.loads(f.read_text())
     meta = data.get("meta", {})
-    want = {k: getattr(args, k) for k in COMPARABLE}
+    want = {k: getattr(args, k, GREEDY_META.get(k)) for k in COMPARABLE}
+    meta = {**GREEDY_META, **{k: v for k, v in meta.items() if v is not None or k not in GREEDY_META}}
     differ = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
     if differ:
         what = ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
@@ -556,7 +582,9 @@ def _round_robin(prompts: list) -> list:
     return out
 
 
-COMPARABLE = ("model", "dtype", "threads", "max_new_tokens", "chat")
+COMPARABLE = ("model", "dtype", "threads", "max_new_tokens", "chat", "temperature", "top_k", "top_p", "seed")
+# what a run recorded before sampling existed (no such keys) meant
+GREEDY_META = {"temperature": 0.0, "top_k": None, "top_p": None, "seed": 0}
 
 
 def merge_runs(paths: list[str]) -> list[Run]:
@@ -572,10 +600,10 @@ def merge_runs(paths: list[str]) -> list[Run]:
     meta0, path0 = None, None
     for path in paths:
         data = json.loads(Path(path).read_text())
-        meta = {k: data.get("meta", {}).get(k) for k in COMPARABLE}
+        meta = {k: data.get("meta", {}).get(k, GREEDY_META.get(k)) for k in COMPARABLE}
         if meta0 is None:
             meta0, path0 = meta, path
-        elif all(v is not None for v in meta.values()) and all(v is not None for v in meta0.values()) and meta != meta0:
+        elif any(meta[k] is not None and meta0[k] is not None and meta[k] != meta0[k] for k in COMPARABLE):
             what = ", ".join(f"{k} {meta0[k]!r} in {path0}, {meta[k]!r} in {path}" for k in COMPARABLE if meta[k] != meta0[k])
             raise InvalidInputError(f"goose report: {path} is not comparable with {path0} ({what}); merge only runs of one setting")
         for r in (Run(**x) for x in data["runs"]):

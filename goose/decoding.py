@@ -89,6 +89,8 @@ class GenerationOutput:
     text: str
     stats: Stats
     prompt_ids: tuple[int, ...] = ()
+    scores: tuple = ()  # record_scores: processed float32 scores [1, vocab] per new token, as transformers' output_scores
+    logits: tuple = ()  # record_scores: raw float32 logits [1, vocab] per new token, as transformers' output_logits
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,9 @@ class Decoder:
         generator: torch.Generator | None = None,
         logits_processor=None,
         stopping_criteria=None,
+        streamer=None,
+        record_scores: bool = False,
+        stream_prompt: bool = True,
     ):
         """Decode (speculatively), return a :class:`GenerationOutput`.
 
@@ -280,6 +285,11 @@ class Decoder:
         transformers draws): under the same ``torch.manual_seed`` the output equals
         ``model.generate(do_sample=True, ...)``'s token for token (verifiers/sampling.py).
         Greedy with none of these runs the plain argmax walk.
+
+        ``streamer`` (any transformers ``BaseStreamer``): ``put`` the prompt (unless
+        ``stream_prompt=False``), then every committed chunk, and ``end`` once, as transformers'
+        loop does. ``record_scores`` keeps every new token's processed scores and raw logits
+        (``GenerationOutput.scores`` / ``.logits``).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -292,7 +302,7 @@ class Decoder:
             raise InvalidInputError(f"seed must be an int, got {seed!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise InvalidInputError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        needs_rule = not sampling.plain_greedy or bool(logits_processor) or bool(stopping_criteria)
+        needs_rule = not sampling.plain_greedy or bool(logits_processor) or bool(stopping_criteria) or record_scores
         if needs_rule and not getattr(self.verifier, "supports_rules", False):
             raise InvalidInputError(
                 f"verifier {self.verifier.name!r} verifies greedily only, so it cannot sample or apply logits "
@@ -326,15 +336,23 @@ class Decoder:
                 generator = torch.Generator().manual_seed(seed)
             rule = TokenRule(
                 prompt_ids, max_new_tokens, max_new_tokens + self.max_nodes + 1, procs, sampling.do_sample,
-                generator, frozenset(stops), stopping_criteria,
+                generator, frozenset(stops), stopping_criteria, record=record_scores,
             )
+        if streamer is not None and stream_prompt:
+            streamer.put(ids.view(1, -1).cpu())
         worker = self._acquire()
         try:
-            return self._run(worker, ids, prompt_ids, max_new_tokens, stops, t_start, rule)
+            out = self._run(worker, ids, prompt_ids, max_new_tokens, stops, t_start, rule, streamer)
         finally:
             self._release(worker)
+        if streamer is not None:
+            streamer.end()
+        if rule is not None and rule.record:
+            n = len(out.token_ids)
+            out = GenerationOutput(out.token_ids, out.text, out.stats, out.prompt_ids, tuple(rule.scores[:n]), tuple(rule.raw[:n]))
+        return out
 
-    def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float, rule=None):
+    def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float, rule=None, streamer=None):
         sources, policy, verifier = worker.sources, worker.policy, worker.verifier
         prompt_len = len(prompt_ids)
 
@@ -376,6 +394,8 @@ class Decoder:
                 seq.extend(committed)
                 if rule is not None:
                     rule.commit(committed)
+                if streamer is not None and committed:
+                    streamer.put(torch.tensor([committed], dtype=torch.long))
                 if committed and committed[-1] in stops:
                     stopped_by = "eos" if committed[-1] in self.eos_token_ids else "stop_token"
                     break

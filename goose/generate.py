@@ -45,6 +45,10 @@ def add_parser(sub) -> None:
     g.add_argument("--budget", type=int, default=None)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--threads", type=int, default=2)
+    g.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+    g.add_argument("--top-k", type=int, default=None, help="with --temperature: keep the k likeliest tokens")
+    g.add_argument("--top-p", type=float, default=None, help="with --temperature: nucleus sampling")
+    g.add_argument("--seed", type=int, default=None, help="with --temperature: seed of the draws (default: torch's global generator)")
     g.set_defaults(func=run)
 
 
@@ -74,7 +78,12 @@ def run(args) -> int:
     streamer = _Streamer(tok)
     goose.register_plugin(streamer, name="goose-cli-streamer")
     try:
-        out = dec.generate(prompt, max_new_tokens=args.max_new_tokens)
+        kw = {}
+        if args.temperature:
+            kw = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        elif args.top_k is not None or args.top_p is not None or args.seed is not None:
+            raise InvalidInputError("--top-k, --top-p and --seed need --temperature > 0 (greedy decoding draws nothing)")
+        out = dec.generate(prompt, max_new_tokens=args.max_new_tokens, **kw)
     finally:
         goose.unregister_plugin("goose-cli-streamer")
     s = out.stats

@@ -109,7 +109,7 @@ def measure(
 
     Sizes are measured in increasing order, one timed forward each per round, until a forward costs
     ``stop_ratio`` one-token forwards (no tree the sources draft pays at that price; the curve
-    is extended in proportion beyond), then further rounds over the same sizes while the time
+    is extended in proportion beyond) or, past size 16, 80% of ``budget_s`` is spent, then further rounds over the same sizes while the time
     ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
@@ -183,6 +183,9 @@ def measure(
         times[n] = [dt]
         say(f"size {n}: {1000 * dt:.1f} ms{' (skinny)' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
         if n > 1 and dt > stop_ratio * t1:
+            break
+        if n >= 16 and time.perf_counter() - t_start > 0.8 * budget_s:
+            say(f"time budget reached at size {n}: larger sizes are extended in proportion")
             break
     kept = sorted(times)
     for r in range(1, repeats):

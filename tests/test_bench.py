@@ -235,3 +235,39 @@ def test_splits_expand_to_their_datasets():
     keys = lambda ps: {(p.dataset, p.id) for p in ps}  # noqa: E731
     assert not keys(tune) & keys(measure)  # judged on prompts it was not tuned on
     assert set(datasets.SPLITS) == {"tune", "measure"}
+
+
+def test_bench_samples_every_method_under_one_seed(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "sampled"
+    rc = main([
+        "bench", "--model", str(tiny_model_dir), "--datasets", "demo@2", "--max-new-tokens", "24", "--methods",
+        "ar,hf-pld,spine,spine-fit", "--threads", "1", "--warmup", "0", "--no-plots", "--out", str(out),
+        "--temperature", "0.8", "--top-k", "20", "--seed", "3",
+    ])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["temperature"] == 0.8 and data["meta"]["top_k"] == 20 and data["meta"]["seed"] == 3
+    ref = {r["prompt_id"]: r["tokens"] for r in data["runs"] if r["method"] == "ar"}
+    for r in data["runs"]:
+        if r["method"] in ("spine", "spine-fit"):  # Goose draws what transformers draws
+            assert r["tokens"] == ref[r["prompt_id"]]
+    assert "sampling at temperature 0.8" in printed
+    # a sampled run is not comparable with a greedy one
+    greedy = tmp_path / "greedy"
+    assert main(["bench", "--model", str(tiny_model_dir), "--datasets", "demo@2", "--max-new-tokens", "24", "--methods",
+                 "ar", "--threads", "1", "--warmup", "0", "--no-plots", "--out", str(greedy)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), str(greedy)]) != 0
+    assert "temperature 0.8" in capsys.readouterr().err
+
+
+def test_generate_cli_samples_with_a_seed(tiny_model_dir, capsys):
+    args = ["generate", "def f(x):", "--model", str(tiny_model_dir), "--threads", "1", "--max-new-tokens", "12",
+            "--method", "spine", "--temperature", "0.9", "--top-k", "20", "--seed", "4"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == first  # the seed fixes the draws
+    assert main(["generate", "def f(x):", "--model", str(tiny_model_dir), "--seed", "4"]) == 2
+    assert "need --temperature > 0" in capsys.readouterr().err

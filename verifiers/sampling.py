@@ -139,6 +139,8 @@ class TokenRule:
     def choose(self, row: torch.Tensor, before: Sequence[int]) -> int:
         """The token after the committed sequence + ``before`` (this step's tokens so far), from its raw row."""
         k = len(before)
+        if self.buf.device != row.device:  # processors take input_ids on the logits' device
+            self.buf = self.buf.to(row.device)
         if k:
             self.buf[0, self.n : self.n + k] = torch.as_tensor(list(before), dtype=torch.long)
         logits = row.to(dtype=torch.float32).view(1, -1).clone()

@@ -1,0 +1,199 @@
+"""Goose inside transformers' own ``model.generate``: ``custom_generate=goose.hf_generate``.
+
+    out = model.generate(**tok(prompt, return_tensors="pt"), custom_generate=goose.hf_generate,
+                         max_new_tokens=128, do_sample=True, temperature=0.7, top_p=0.9)
+
+transformers prepares the inputs, the generation config, the logits processors (``temperature``,
+``top_k``, ``top_p``, ``repetition_penalty``, ``min_new_tokens``, ``prefix_allowed_tokens_fn``,
+a user's list, ...) and the stopping criteria (``max_length``/``max_new_tokens``, eos ids,
+``max_time``, a user's list), then calls :func:`hf_generate` in place of its decoding loop. Goose
+decodes with them: the processors are applied along the tree walk to the rows it visits, each
+committed token is transformers' own choice (argmax, or one ``torch.multinomial`` draw from
+the global generator), and the criteria are checked after every token. The result is what
+``generate`` returns: the prompt and the new ids, or a ``GenerateDecoderOnlyOutput`` with
+``return_dict_in_generate=True`` (``scores`` / ``logits`` when asked).
+
+Which decoder: by default ``pld`` + ``tr`` under ``spine-fit``, composed once per model. Another
+configuration reaches it through the keyword ``goose`` of ``generate``: a ready
+:class:`~goose.Decoder` for this model, or a dict of :func:`goose.compose` keywords
+(``goose={"sources": ["pld"], "policy": "chain"}``; composed once and kept).
+
+Two gaps of transformers (5.x) that Goose works around or reports:
+
+- ``generate`` does not hand a callable ``custom_generate`` its ``streamer`` (it only puts the
+  prompt into it). Goose takes the streamer from ``generate``'s own call frame, so ``streamer=``
+  works as with the stock loop; if that frame is not found the streamer gets only the prompt and a
+  warning says so.
+- nor its ``tokenizer``, which ``stop_strings`` need: transformers itself then raises before Goose
+  runs. Give the stop strings as a criterion instead:
+  ``stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, ["\\n\\n"])])``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import warnings
+import weakref
+
+import torch
+
+from goose.errors import InvalidInputError
+
+_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: Decoder}
+_lock = threading.Lock()
+
+DEFAULT = {"sources": ["pld", "tr"], "policy": "spine-fit"}
+
+
+def _decoder_for(model, spec):
+    from goose.compose import compose
+    from goose.decoding import Decoder
+
+    if isinstance(spec, Decoder):
+        if spec.model is not model:
+            raise InvalidInputError(
+                "goose= names a Decoder composed for another model; a decoder verifies with its own model. "
+                "Hint: goose.compose(model, tok, ...) with the model you call generate on."
+            )
+        return spec
+    if spec is None:
+        spec = DEFAULT
+    if not isinstance(spec, dict):
+        raise InvalidInputError(
+            f"goose= must be a goose.Decoder or a dict of goose.compose keywords, got {type(spec).__name__}. "
+            "Hint: goose={'sources': ['pld', 'tr'], 'policy': 'spine'}"
+        )
+    key = repr(sorted(spec.items(), key=lambda kv: kv[0]))
+    with _lock:
+        per_model = _decoders.setdefault(model, {})
+        dec = per_model.get(key)
+    if dec is None:
+        dec = compose(model, None, **spec)
+        with _lock:
+            dec = per_model.setdefault(key, dec)
+    return dec
+
+
+def _generate_locals() -> dict | None:
+    """The arguments of the ``GenerationMixin.generate`` call that called :func:`hf_generate`, if found."""
+    frame = inspect.currentframe()
+    try:
+        f = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+        for _ in range(4):  # generate's own body, under its decorators
+            if f is None:
+                return None
+            if f.f_code.co_name == "generate" and "generation_mode_kwargs" in f.f_locals:
+                loc = f.f_locals
+                return {"streamer": loc.get("streamer"), "assistant_model": loc.get("assistant_model")}
+            f = f.f_back
+        return None
+    finally:
+        del frame
+
+
+def _refuse(generation_config, input_ids, model_kwargs, assistant) -> None:
+    def no(option, value, hint):
+        raise InvalidInputError(
+            f"goose.hf_generate cannot honour {option}={value!r}: Goose decodes one sequence, one candidate "
+            f"at a time, with its own draft sources. Hint: {hint}"
+        )
+
+    # generate has already expanded the batch for beams and return sequences: name those first
+    if getattr(generation_config, "num_beams", 1) not in (None, 1):
+        no("num_beams", generation_config.num_beams, "drop custom_generate for beam search")
+    if getattr(generation_config, "num_return_sequences", 1) not in (None, 1):
+        no("num_return_sequences", generation_config.num_return_sequences, "call generate once per sequence")
+    if input_ids.shape[0] != 1:
+        no("batch size", input_ids.shape[0], "call generate once per prompt (or drop custom_generate for batches)")
+    if assistant is not None:
+        no("assistant_model", type(assistant).__name__, "Goose drafts without a draft model; drop assistant_model")
+    for k in ("prompt_lookup_num_tokens", "assistant_early_exit"):
+        if getattr(generation_config, k, None) is not None:
+            no(k, getattr(generation_config, k), f"drop {k}: Goose does its own drafting")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
+        no("attention_mask with padding", "zeros in the mask", "pass the unpadded prompt")
+    if model_kwargs.get("inputs_embeds") is not None:
+        no("inputs_embeds", "a tensor", "pass input_ids: draft sources work on token ids")
+    for k in ("past_key_values", "cache"):
+        c = model_kwargs.get(k)
+        # generate prepares an empty cache of its own; a filled one is the caller's
+        if c is not None and getattr(c, "get_seq_length", lambda: 0)() > 0:
+            no(k, f"{type(c).__name__} holding {c.get_seq_length()} positions",
+               f"drop {k}: Goose builds its own cache from the prompt ids")
+
+
+def _plain_criteria(stopping_criteria, decoder) -> tuple[bool, set[int]]:
+    """Whether the criteria are only max length and eos ids (the loop's own stops), and those ids."""
+    from transformers import EosTokenCriteria, MaxLengthCriteria
+
+    eos: set[int] = set()
+    for c in stopping_criteria:
+        if isinstance(c, MaxLengthCriteria):
+            continue
+        if isinstance(c, EosTokenCriteria):
+            eos.update(int(t) for t in torch.as_tensor(c.eos_token_id).view(-1).tolist())
+            continue
+        return False, set()
+    return True, eos
+
+
+def hf_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    goose=None,
+    **model_kwargs,
+):
+    """transformers' decoding loop, replaced by Goose's: pass as ``model.generate(custom_generate=...)``."""
+    caller = _generate_locals()
+    if streamer is None and caller is not None:
+        streamer = caller["streamer"]
+    _refuse(generation_config, input_ids, model_kwargs, caller["assistant_model"] if caller else None)
+    if caller is None:
+        warnings.warn(
+            "goose.hf_generate could not find transformers' generate frame: a streamer passed to generate "
+            "gets the prompt only, and assistant_model cannot be checked",
+            stacklevel=2,
+        )
+    dec = _decoder_for(model, goose)
+    prompt_len = input_ids.shape[1]
+    max_length = getattr(generation_config, "max_length", None) or (prompt_len + 20)
+    max_new = max(0, int(max_length) - prompt_len)
+    if dec.max_positions is not None:
+        max_new = min(max_new, dec.max_positions - prompt_len)
+    do_sample = bool(getattr(generation_config, "do_sample", False))
+    record = bool(getattr(generation_config, "return_dict_in_generate", False)) and (
+        bool(getattr(generation_config, "output_scores", False)) or bool(getattr(generation_config, "output_logits", False))
+    )
+    plain, eos = _plain_criteria(stopping_criteria, dec)
+    criteria = None if plain else stopping_criteria
+    out = dec.generate(
+        input_ids[0],
+        max_new_tokens=max_new,
+        stop_token_ids=eos,
+        do_sample=do_sample,
+        logits_processor=logits_processor if len(logits_processor) else None,
+        stopping_criteria=criteria,
+        streamer=streamer,
+        record_scores=record,
+        stream_prompt=False,  # generate has put the prompt already
+    )
+    new = torch.tensor([out.token_ids], dtype=torch.long, device=input_ids.device)
+    sequences = torch.cat([input_ids, new], dim=-1)
+    if not getattr(generation_config, "return_dict_in_generate", False):
+        return sequences
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=out.scores if generation_config.output_scores else None,
+        logits=out.logits if generation_config.output_logits else None,
+        attentions=None,
+        hidden_states=None,
+    )
