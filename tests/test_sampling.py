@@ -230,3 +230,40 @@ def test_fault_processors_on_the_wrong_prefix(monkeypatch):
         return real(tree, logits, rule, choose=lambda row, before: rule.choose(row, before[:-1]))
 
     assert _fails_somewhere(monkeypatch, walk) > 0
+
+
+def test_streamer_gets_the_prompt_every_committed_chunk_and_one_end():
+    class Rec:
+        def __init__(self):
+            self.puts, self.ends = [], 0
+
+        def put(self, value):
+            self.puts.append(value.view(-1).tolist())
+
+        def end(self):
+            self.ends += 1
+
+    dec = goose.compose(ToyCausalLM(V), None, sources=["pld", "tr"], policy="spine", budget=16)
+    prompt = [1, 2, 3, 1, 2, 3]
+    rec = Rec()
+    out = dec.generate(prompt, max_new_tokens=30, streamer=rec)
+    assert rec.puts[0] == prompt and rec.ends == 1
+    assert [t for chunk in rec.puts[1:] for t in chunk] == out.token_ids
+    assert len(rec.puts) - 1 == out.stats.forward_passes  # one chunk per pass (prefill included)
+    rec = Rec()
+    dec.generate(prompt, max_new_tokens=5, streamer=rec, stream_prompt=False, do_sample=True, seed=1)
+    assert rec.ends == 1 and sum(len(c) for c in rec.puts) == 5
+
+
+def test_recorded_scores_are_the_processed_rows_of_each_new_token():
+    dec = goose.compose(ToyCausalLM(V), None, sources=["pld", "tr"], policy="spine", budget=16)
+    prompt = [4, 5, 6, 4, 5]
+    out = dec.generate(prompt, max_new_tokens=12, do_sample=True, temperature=0.5, seed=3, record_scores=True)
+    from goose.testing import reference_logits
+
+    seq = list(prompt)
+    assert len(out.scores) == len(out.logits) == len(out.token_ids)
+    for tok, sc, raw in zip(out.token_ids, out.scores, out.logits):
+        want = reference_logits(seq, V)
+        assert torch.equal(raw, want) and torch.allclose(sc, want / 0.5)
+        seq.append(tok)
