@@ -85,6 +85,9 @@ def _key(model) -> str:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "curve": CURVE_VERSION,
+            # a model dispatched by accelerate (layers on other devices, offloaded to disk) is another curve
+            "dispatch": sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}),
+            "dispatched_modules": len(getattr(model, "hf_device_map", None) or {}),
         },
         sort_keys=True,
     )
