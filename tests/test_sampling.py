@@ -267,3 +267,99 @@ def test_recorded_scores_are_the_processed_rows_of_each_new_token():
         want = reference_logits(seq, V)
         assert torch.equal(raw, want) and torch.allclose(sc, want / 0.5)
         seq.append(tok)
+
+
+# -- the distribution, seed-free ------------------------------------------------------------------
+def _exact_distribution(prompt, horizon, vocab, temperature):
+    """P(sequence) under one-token sampling of the toy, for every sequence of ``horizon`` tokens."""
+    import itertools
+
+    from goose.testing import reference_logits
+
+    probs = {}
+    for seq in itertools.product(range(vocab), repeat=horizon):
+        p, ctx = 1.0, list(prompt)
+        for t in seq:
+            p *= float(torch.softmax(reference_logits(ctx, vocab)[0] / temperature, -1)[t])
+            ctx.append(t)
+        probs[seq] = p
+    return probs
+
+
+def _chi2_stat(counts, probs, n):
+    """Pearson's statistic, cells with expectation < 5 pooled; returns (statistic, degrees of freedom)."""
+    stat, rest_obs, rest_exp, cells = 0.0, 0, 0.0, 0
+    for seq, p in probs.items():
+        e = n * p
+        if e < 5:
+            rest_obs += counts.get(seq, 0)
+            rest_exp += e
+            continue
+        stat += (counts.get(seq, 0) - e) ** 2 / e
+        cells += 1
+    if rest_exp > 0:
+        stat += (rest_obs - rest_exp) ** 2 / rest_exp
+        cells += 1
+    return stat, cells - 1
+
+
+def _critical(df, z=3.09):
+    """Wilson-Hilferty approximation of the chi-square quantile at false-alarm rate 0.001 (z = 3.09)."""
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _sampled_counts(p_oracle, n, prompt, horizon, vocab, temperature):
+    from collections import Counter
+
+    model = ToyCausalLM(vocab)
+    src = ArbitraryTreeSource(ArbitraryTreeOptions(seed=1, p_oracle=p_oracle, p_chain=0.7))
+    dec = goose.compose(model, None, sources=[src], policy="proposal", budget=8)
+    counts = Counter()
+    for s in range(n):
+        out = dec.generate(prompt, max_new_tokens=horizon, do_sample=True, temperature=temperature, seed=s)
+        counts[tuple(out.token_ids)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("p_oracle", [1.0, 0.0], ids=["drafts-the-likeliest", "drafts-unlikely-tokens"])
+def test_output_distribution_is_the_models(p_oracle):
+    """Exact probabilities of all 4^3 continuations against 3,000 tree-sampled ones (chi-square,
+    false-alarm rate 0.001 per check), with a source drafting the greedy (likeliest) tokens and one
+    drafting arbitrary ones."""
+    prompt, horizon, vocab, temperature, n = [1, 2, 3], 3, 4, 1.0, 3000
+    probs = _exact_distribution(prompt, horizon, vocab, temperature)
+    assert abs(sum(probs.values()) - 1) < 1e-5  # float32 softmax
+    stat, df = _chi2_stat(_sampled_counts(p_oracle, n, prompt, horizon, vocab, temperature), probs, n)
+    assert stat < _critical(df), (stat, df)
+
+
+def test_the_distribution_check_catches_a_walk_that_accepts_drafts_without_drawing(monkeypatch):
+    real = sampling.rule_walk
+
+    def trusting(tree, logits, rule, choose=None):
+        # take the first drafted child at the root on trust, then walk as usual below it
+        if not tree.children[0]:
+            return real(tree, logits, rule)
+        c = tree.children[0][0]
+        t = tree.tokens[c]
+        if rule.ends([t]):
+            return (0, c), (t,), None
+        sub_choose = lambda row, before: rule.choose(row, [t, *before])  # noqa: E731
+        children, tokens = tree.children, tree.tokens
+        node, path, drawn = c, [0, c], [t]
+        while True:
+            tok = sub_choose(logits[node], drawn[1:])
+            drawn.append(tok)
+            nxt = next((x for x in children[node] if tokens[x] == tok), None)
+            if nxt is not None:
+                path.append(nxt)
+                node = nxt
+            if rule.ends(drawn) or nxt is None:
+                break
+        return tuple(path), tuple(drawn[: len(path) - 1]), (drawn[-1] if len(drawn) > len(path) - 1 else None)
+
+    monkeypatch.setattr(sampling, "rule_walk", trusting)
+    prompt, horizon, vocab, temperature, n = [1, 2, 3], 3, 4, 1.0, 3000
+    probs = _exact_distribution(prompt, horizon, vocab, temperature)
+    stat, df = _chi2_stat(_sampled_counts(1.0, n, prompt, horizon, vocab, temperature), probs, n)
+    assert stat > _critical(df), (stat, df)
