@@ -85,3 +85,20 @@ def test_a_model_left_on_meta_is_refused():
         model = tf.LlamaForCausalLM(cfg)
     with pytest.raises(goose.UnsupportedModelError, match=r"'meta' device and no accelerate hook.*Hint"):
         goose.compose(model, None, sources=["pld"], policy="chain")
+
+
+def test_the_skinny_reroute_leaves_accelerates_hooks_alone(offloaded):
+    """Tree passes with linear='skinny' on the offloaded model: lossless, and every module accelerate
+    hooked still has its hook afterwards (a reroute that replaced and then removed the instance
+    forward would strip the hooks and leave the offloaded weights on 'meta')."""
+    from goose.verifiers import skinny
+
+    resident, model, tok = offloaded
+    hooked = [m for m in model.modules() if "forward" in m.__dict__]
+    assert hooked
+    dec = goose.compose(model, tok, sources=["pld", "tr"], policy="spine", verifier_options={"linear": "skinny"})
+    ref = goose.greedy(resident, tok)
+    for ids in _prompts(tok)[:1]:
+        assert dec.generate(ids, max_new_tokens=NEW).token_ids == ref.generate(ids, max_new_tokens=NEW).token_ids
+    assert all("forward" in m.__dict__ for m in hooked)
+    assert all(not hasattr(m, "_hf_hook") for m in skinny.linears(model))

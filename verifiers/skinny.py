@@ -46,8 +46,15 @@ def _skinny_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def linears(model) -> list[torch.nn.Linear]:
-    """The model's plain ``nn.Linear`` modules (subclasses, e.g. quantised ones, are left alone)."""
-    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+    """The model's plain ``nn.Linear`` modules that run their class's own ``forward``.
+
+    Subclasses (quantised layers) are left alone, and so is any module whose ``forward`` was
+    already replaced on the instance: accelerate's hooks (offloading, device maps) live there, and
+    the reroute must neither replace nor remove them."""
+    return [
+        m for m in model.modules()
+        if type(m) is torch.nn.Linear and "forward" not in m.__dict__ and not hasattr(m, "_hf_hook")
+    ]
 
 
 @contextmanager
