@@ -12,8 +12,9 @@ METHODS_HELP = "a method preset (see `goose bench --help`), e.g. spine, pld, iso
 class _Streamer:
     """A run-time plugin: prints the newly committed text after every verification step."""
 
-    def __init__(self, tokenizer, out=sys.stdout):
-        self.tok, self.out = tokenizer, out
+    def __init__(self, tokenizer, out=None):
+        # sys.stdout is looked up when the streamer is made, not when this module was imported
+        self.tok, self.out = tokenizer, out if out is not None else sys.stdout
         self.ids: list[int] = []
         self.printed = ""
 
