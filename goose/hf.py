@@ -124,7 +124,7 @@ def _refuse(generation_config, input_ids, model_kwargs, assistant) -> None:
                f"drop {k}: Goose builds its own cache from the prompt ids")
 
 
-def _plain_criteria(stopping_criteria, decoder) -> tuple[bool, set[int]]:
+def _plain_criteria(stopping_criteria) -> tuple[bool, set[int]]:
     """Whether the criteria are only max length and eos ids (the loop's own stops), and those ids."""
     from transformers import EosTokenCriteria, MaxLengthCriteria
 
@@ -171,7 +171,7 @@ def hf_generate(
     record = bool(getattr(generation_config, "return_dict_in_generate", False)) and (
         bool(getattr(generation_config, "output_scores", False)) or bool(getattr(generation_config, "output_logits", False))
     )
-    plain, eos = _plain_criteria(stopping_criteria, dec)
+    plain, eos = _plain_criteria(stopping_criteria)
     criteria = None if plain else stopping_criteria
     out = dec.generate(
         input_ids[0],

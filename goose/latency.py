@@ -149,7 +149,7 @@ def measure(
         ids = torch.tensor([tree.tokens], device=v.device)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            v._forward(ids, mask, pos, skinny=skinny)
+            v._forward(ids, mask, pos, reroute=skinny)
         dt = time.perf_counter() - t0
         v.cache.crop(-n)
         return dt

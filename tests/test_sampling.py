@@ -181,33 +181,19 @@ def test_the_property_holds_on_the_fault_cases():
     assert all(out.token_ids == ref for out, ref in map(run, FAULT_CASES))
 
 
+def _trusting_walk(tree, logits, rule, choose=None):
+    """A broken walk: the first drafted child of the root is taken on trust, the draws start below it."""
+    if not tree.children[0]:
+        return sampling.walk_from(tree, logits, rule, rule.choose, [0], [])
+    c = tree.children[0][0]
+    t = tree.tokens[c]
+    if rule.ends([t]):
+        return (0, c), (t,), None
+    return sampling.walk_from(tree, logits, rule, rule.choose, [0, c], [t])
+
+
 def test_fault_accepting_a_drafted_child_without_a_draw(monkeypatch):
-    def walk(tree, logits, rule, choose=None):
-        # the first drafted child is taken on trust; the draws start below it
-        if tree.children[0]:
-            c = tree.children[0][0]
-            path, acc, bonus = sampling_walk(tree, logits, rule, start=c)
-            return path, acc, bonus
-        return real(tree, logits, rule)
-
-    real = sampling.rule_walk
-
-    def sampling_walk(tree, logits, rule, start):
-        children, tokens = tree.children, tree.tokens
-        node, path, drawn = start, [0, start], [tokens[start]]
-        while True:
-            tok = rule.choose(logits[node], drawn)
-            drawn.append(tok)
-            nxt = next((x for x in children[node] if tokens[x] == tok), None)
-            if nxt is not None:
-                path.append(nxt)
-                node = nxt
-            if rule.ends(drawn) or nxt is None:
-                break
-        acc = tuple(drawn[: len(path) - 1])
-        return tuple(path), acc, (drawn[-1] if len(drawn) > len(path) - 1 else None)
-
-    assert _fails_somewhere(monkeypatch, walk) > 0
+    assert _fails_somewhere(monkeypatch, _trusting_walk) > 0
 
 
 def test_fault_two_draws_for_one_token(monkeypatch):
@@ -334,31 +320,7 @@ def test_output_distribution_is_the_models(p_oracle):
 
 
 def test_the_distribution_check_catches_a_walk_that_accepts_drafts_without_drawing(monkeypatch):
-    real = sampling.rule_walk
-
-    def trusting(tree, logits, rule, choose=None):
-        # take the first drafted child at the root on trust, then walk as usual below it
-        if not tree.children[0]:
-            return real(tree, logits, rule)
-        c = tree.children[0][0]
-        t = tree.tokens[c]
-        if rule.ends([t]):
-            return (0, c), (t,), None
-        sub_choose = lambda row, before: rule.choose(row, [t, *before])  # noqa: E731
-        children, tokens = tree.children, tree.tokens
-        node, path, drawn = c, [0, c], [t]
-        while True:
-            tok = sub_choose(logits[node], drawn[1:])
-            drawn.append(tok)
-            nxt = next((x for x in children[node] if tokens[x] == tok), None)
-            if nxt is not None:
-                path.append(nxt)
-                node = nxt
-            if rule.ends(drawn) or nxt is None:
-                break
-        return tuple(path), tuple(drawn[: len(path) - 1]), (drawn[-1] if len(drawn) > len(path) - 1 else None)
-
-    monkeypatch.setattr(sampling, "rule_walk", trusting)
+    monkeypatch.setattr(sampling, "rule_walk", _trusting_walk)
     prompt, horizon, vocab, temperature, n = [1, 2, 3], 3, 4, 1.0, 3000
     probs = _exact_distribution(prompt, horizon, vocab, temperature)
     stat, df = _chi2_stat(_sampled_counts(1.0, n, prompt, horizon, vocab, temperature), probs, n)

@@ -20,6 +20,7 @@ from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
 from goose.interfaces import Options, Verified, Verifier
 from goose.tree import DraftTree
+from goose.verifiers import sampling, skinny
 
 # Attention implementations that honour an arbitrary 4-D additive mask.
 MASK_HONOURING = ("eager", "sdpa")
@@ -78,8 +79,6 @@ class GreedyTreeVerifier(Verifier):
         self.sliding_window = int(sliding) if (uses_window and sliding) else None
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        from goose.verifiers import skinny
-
         self._linears = skinny.linears(model) if self.options.linear != "stock" else []
         self._skinny_sizes: frozenset[int] | None = None  # resolved on the first tree pass ("auto")
         # transformers' causal LMs compute the LM head for the last k positions only when told.
@@ -112,14 +111,12 @@ class GreedyTreeVerifier(Verifier):
         except TypeError:  # older signature
             return DynamicCache()
 
-    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, skinny: bool = False):
+    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, reroute: bool = False):
         kw = {self._cache_kw: self.cache}
         if keep is not None and self._keep_kw is not None and keep < input_ids.shape[1]:
             kw[self._keep_kw] = keep
-        if skinny and self._linears:
-            from goose.verifiers.skinny import rerouted
-
-            with rerouted(self.model, self._linears):
+        if reroute and self._linears:
+            with skinny.rerouted(self.model, self._linears):
                 out = self.model(
                     input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
                 )
@@ -131,9 +128,7 @@ class GreedyTreeVerifier(Verifier):
 
     def _use_skinny(self, n: int) -> bool:
         """Whether a tree pass of n nodes runs its linear layers as weight @ x.T."""
-        from goose.verifiers.skinny import MAX_ROWS
-
-        if not self._linears or not (2 <= n <= MAX_ROWS):
+        if not self._linears or not (2 <= n <= skinny.MAX_ROWS):
             return False
         if self.options.linear == "skinny":
             return True
@@ -181,10 +176,10 @@ class GreedyTreeVerifier(Verifier):
             mask = tree.attention_mask(past, dtype=self.dtype, device=self.device)
             pos = tree.position_ids(past, device=self.device)
         t1 = time.perf_counter()
-        skinny = tree.num_nodes > 1 and self._use_skinny(tree.num_nodes)
-        logits = self._forward(ids, mask, pos, skinny=skinny)
+        reroute = tree.num_nodes > 1 and self._use_skinny(tree.num_nodes)
+        logits = self._forward(ids, mask, pos, reroute=reroute)
         t2 = time.perf_counter()
-        if skinny:
+        if reroute:
             tm["skinny_passes"] = tm.get("skinny_passes", 0) + 1
         argmax = top1(logits)
         rule = self.rule
@@ -192,9 +187,7 @@ class GreedyTreeVerifier(Verifier):
             path = walk(tree, argmax)
             accepted, bonus = tuple(tree.tokens[i] for i in path[1:]), argmax[path[-1]]
         else:
-            from goose.verifiers.sampling import rule_walk
-
-            path, accepted, bonus = rule_walk(tree, logits, rule)
+            path, accepted, bonus = sampling.rule_walk(tree, logits, rule)  # looked up per call: tests patch it
         t3 = time.perf_counter()
         self.commit(past, path, tree.num_nodes)
         self.past_len = past + len(path)

@@ -179,9 +179,6 @@ class TokenRule:
             self.buf[0, self.n : self.n + k] = torch.as_tensor(list(tokens), dtype=torch.long)
         self.n += k
         self.generated += k
-        if self.record and len(self.scores) > self.generated:
-            # rows drawn past a cut (never: the walk stops at the first ending token) are dropped
-            del self.scores[self.generated :], self.raw[self.generated :]
 
 
 def rule_walk(
@@ -192,9 +189,13 @@ def rule_walk(
     The bonus is None when the walk ended on an accepted node (a drafted token that ends the
     generation: a stop token, the last wanted token, a stopping criterion).
     """
-    choose = choose or rule.choose
+    return walk_from(tree, logits, rule, choose or rule.choose, [0], [])
+
+
+def walk_from(tree, logits, rule: TokenRule, choose: Callable, path: list[int], drawn: list[int]):
+    """:func:`rule_walk` from a partial walk: ``path`` (root first) and the tokens ``drawn`` so far."""
     children, tokens = tree.children, tree.tokens
-    node, path, drawn = 0, [0], []
+    node = path[-1]
     while True:
         tok = choose(logits[node], drawn)
         drawn.append(tok)
