@@ -336,8 +336,13 @@ def run(args) -> int:
     import goose
     import transformers
     from goose import machine, models
+    from goose.errors import InvalidInputError
 
     torch.set_num_threads(args.threads)
+    if getattr(args, "temperature", 0.0) < 0:
+        raise InvalidInputError(f"--temperature {args.temperature}: must be >= 0 (0: greedy). Hint: --temperature 0.7")
+    if not getattr(args, "temperature", 0.0) and (getattr(args, "top_k", None) is not None or getattr(args, "top_p", None) is not None):
+        raise InvalidInputError("--top-k and --top-p need --temperature > 0 (greedy decoding draws nothing). Hint: --temperature 0.7 --top-p 0.9")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         if m not in BASELINES:

@@ -92,12 +92,16 @@ def _cmd_theory(args) -> int:
 
 def _cmd_calibrate(args) -> int:
     import json
+
+    from goose.errors import InvalidInputError as GooseInputError
     import time
 
     import torch
 
     from goose import latency, machine, models
 
+    if args.threads < 1:
+        raise GooseInputError(f"--threads {args.threads}: must be >= 1 (the curve is per thread count). Hint: --threads 2")
     torch.set_num_threads(args.threads)
     model, _ = models.load(args.model, args.dtype)
     kw = {"sizes": latency.FULL_SIZES, "repeats": latency.FULL_ROUNDS, "budget_s": float("inf"), "stop_ratio": float("inf")} if args.full else {}

@@ -271,3 +271,17 @@ def test_generate_cli_samples_with_a_seed(tiny_model_dir, capsys):
     assert capsys.readouterr().out == first  # the seed fixes the draws
     assert main(["generate", "def f(x):", "--model", str(tiny_model_dir), "--seed", "4"]) == 2
     assert "need --temperature > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra,msg",
+    [(["--top-k", "5"], "need --temperature > 0"), (["--temperature", "-1"], "--temperature -1.0: must be >= 0")],
+)
+def test_bench_sampling_options_are_checked_before_loading_anything(extra, msg, capsys):
+    assert main(["bench", "--model", "no-such-model", "--datasets", "demo@1", *extra]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_calibrate_refuses_a_bad_thread_count(capsys):
+    assert main(["calibrate", "--threads", "0"]) == 2
+    assert "--threads 0: must be >= 1" in capsys.readouterr().err
