@@ -325,3 +325,67 @@ def test_the_distribution_check_catches_a_walk_that_accepts_drafts_without_drawi
     probs = _exact_distribution(prompt, horizon, vocab, temperature)
     stat, df = _chi2_stat(_sampled_counts(1.0, n, prompt, horizon, vocab, temperature), probs, n)
     assert stat > _critical(df), (stat, df)
+
+
+# -- FastTopP: the stock top-p warper's output, bit for bit ----------------------------------------
+
+
+def _top_p_rows():
+    """(name, row) pairs: real-looking rows, rows after top-k, and rows built to hit each fallback."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper
+
+    g = torch.Generator().manual_seed(7)
+    rows = []
+    for scale in (0.5, 3.0, 12.0):
+        for v in (7, 1000, 49152):
+            x = torch.randn(1, v, generator=g) * scale
+            rows.append((f"normal-{scale}-{v}", x))
+            rows.append((f"temp-{scale}-{v}", TemperatureLogitsWarper(0.7)(None, x.clone())))
+            if v > 50:
+                rows.append((f"topk50-{scale}-{v}", TopKLogitsWarper(50)(None, x.clone())))
+    grid = torch.round(torch.randn(1, 3000, generator=g) * 4) / 4  # many exact ties
+    rows.append(("ties", grid))
+    one = torch.full((1, 100), -float("inf"))
+    one[0, 17] = 2.0
+    rows.append(("one-finite", one))
+    nan = torch.randn(1, 100, generator=g)
+    nan[0, 3] = float("nan")
+    rows.append(("nan", nan))
+    return rows
+
+
+@pytest.mark.parametrize("min_keep", [1, 3])
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999])
+def test_fast_top_p_equals_transformers_top_p(top_p, min_keep):
+    from transformers import TopPLogitsWarper
+
+    stock = TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=min_keep)
+    fast = sampling.FastTopP(stock)
+    fast_path = 0
+    for name, row in _top_p_rows():
+        want = stock(None, row.clone())
+        before = fast.fallbacks
+        got = fast(None, row.clone())
+        fast_path += fast.fallbacks == before
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), name
+        assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)), (name, top_p, min_keep)
+    assert fast_path >= 20  # the numpy path, not the fallback, served most rows
+
+
+def test_fast_top_p_falls_back_on_a_tie_across_the_cut():
+    from transformers import TopPLogitsWarper
+
+    row = torch.tensor([[0.0, 0.0, 0.0, 0.0, 5.0]])  # each zero has p = 0.0066: the cut falls after two
+    stock = TopPLogitsWarper(top_p=0.985)
+    fast = sampling.FastTopP(stock)
+    assert torch.equal(fast(None, row.clone()), stock(None, row.clone()))
+    assert fast.fallbacks == 1
+
+
+def test_sampling_rule_serves_top_p_with_the_fast_warper():
+    from transformers import TopPLogitsWarper
+
+    procs = build_processors(Sampling(do_sample=True, temperature=0.7, top_p=0.9), 3, [0])
+    rule = sampling.TokenRule([1, 2, 3], 8, 16, procs, do_sample=True)
+    assert any(isinstance(p, sampling.FastTopP) for p in rule.processors)
+    assert not any(type(p) is TopPLogitsWarper for p in rule.processors)
