@@ -32,7 +32,7 @@ def _rss_kib(field: str) -> int:
 
 
 def _text_prompt(tok, n: int) -> list[int]:
-    from goose import datasets
+    from goose.tools import datasets
 
     ids: list[int] = []
     for p in datasets.load("spec_bench:summarization"):
@@ -46,7 +46,7 @@ def child(model_name: str, dtype: str, threads: int, n: int, method: str, new: i
     import torch
 
     import goose
-    from goose import models
+    from goose.tools import models
 
     torch.set_num_threads(threads)
     model, tok = models.load(model_name, dtype)

@@ -30,7 +30,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     import goose
-    from goose import datasets, machine, models
+    from goose import machine
+    from goose.tools import datasets, models
 
     torch.set_num_threads(a.threads)
     tok = models.load("smollm2")[1]

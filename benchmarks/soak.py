@@ -36,7 +36,8 @@ def main() -> None:
     import torch
 
     import goose
-    from goose import datasets, machine, models
+    from goose import machine
+    from goose.tools import datasets, models
 
     torch.set_num_threads(a.threads)
     model, tok = models.load(a.model, a.dtype)

@@ -1,5 +1,5 @@
 import sys
 
-from goose.cli import main
+from goose.tools.cli import main
 
 sys.exit(main())

@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from goose import bench, datasets, models
-from goose.cli import main
+from goose.tools import bench, datasets, models
+from goose.tools.cli import main
 from goose.errors import InvalidInputError
 
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
@@ -222,7 +222,7 @@ def test_calibrate_measures_caches_and_prints_the_curve(tiny_model_dir, tmp_path
 
 
 def test_splits_expand_to_their_datasets():
-    from goose import datasets
+    from goose.tools import datasets
 
     try:
         tune = bench.select_prompts("tune@2")

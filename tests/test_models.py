@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from goose import models
+from goose.tools import models
 from goose.errors import GooseError, InvalidInputError
 
 

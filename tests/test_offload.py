@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import goose
-from goose import datasets, models
+from goose.tools import datasets, models
 
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
 NEW = 24

@@ -11,7 +11,7 @@ import pytest
 import goose
 import goose.hookspecs
 import goose.manager
-from goose.cli import main as cli_main
+from goose.tools.cli import main as cli_main
 from goose.testing import SourceLosslessnessKit, ToyCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,7 +264,7 @@ def test_every_hook_is_tested_and_documented():
 
 def test_options_docs_are_up_to_date(monkeypatch):
     """docs/options.md is `goose plugins --options` for the built-ins: every option is documented."""
-    from goose.cli import options_markdown
+    from goose.tools.cli import options_markdown
 
     monkeypatch.setenv("GOOSE_DISABLE_PLUGIN_AUTOLOAD", "1")
     goose.manager.reset()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import goose
-from goose import datasets, models
+from goose.tools import datasets, models
 
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
 MAX_NEW = int(os.environ.get("GOOSE_REAL_MAX_NEW", "96"))

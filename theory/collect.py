@@ -28,8 +28,8 @@ def record_runs(
     import torch
 
     import goose
-    from goose import datasets as ds
-    from goose import models
+    from goose.tools import datasets as ds
+    from goose.tools import models
     from goose.theory.calibrate import Recorder, dump_records
 
     if threads:

@@ -335,7 +335,8 @@ def run(args) -> int:
 
     import goose
     import transformers
-    from goose import machine, models
+    from goose import machine
+    from goose.tools import models
     from goose.errors import InvalidInputError
 
     torch.set_num_threads(args.threads)
@@ -404,7 +405,8 @@ def run(args) -> int:
                         gap = top2_gap(model, ids, ref, pos)
                     mismatches.append({"dataset": p.dataset, "prompt_id": p.id, "method": r.method, "position": pos, "top2_gap": gap})
             if args.out:  # save as we go: an interrupted run keeps every finished prompt
-                _save(Path(args.out), {"meta": {"partial": True, "prompts_done": k + 1, "prompts": len(prompts)}, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
+                _save(Path(args.out), {"meta": {"partial": True, "prompts_done": k + 1, "prompts": len(prompts),
+                                                "machine": {"cpu_line": machine.describe()}}, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
     finally:
         goose.unregister_plugin("goose-bench-tree-catcher")
     print(file=sys.stderr)
@@ -465,7 +467,7 @@ def run(args) -> int:
         (out / "results.md").write_text(md + "\n")
         print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
         if not args.no_plots:
-            from goose.plots import bench_plots
+            from goose.tools.plots import bench_plots
 
             pngs = bench_plots(rows, out, catcher.best)
             if pngs:
@@ -522,7 +524,7 @@ def _count(text: str, what: str, example: str) -> int:
 
 def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | None = None) -> list:
     """The prompts of ``--datasets`` (``name[@N]`` or ``name@FIRST-LAST``, comma-separated), interleaved round-robin."""
-    from goose import datasets
+    from goose.tools import datasets
     from goose.errors import InvalidInputError
 
     if num_prompts is not None:

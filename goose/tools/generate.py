@@ -57,8 +57,8 @@ def run(args) -> int:
     import torch
 
     import goose
-    from goose import models
-    from goose.bench import method_decoder
+    from goose.tools import models
+    from goose.tools.bench import method_decoder
     from goose.errors import InvalidInputError
 
     torch.set_num_threads(args.threads)

@@ -70,7 +70,7 @@ def _cmd_plugins(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from goose import models
+    from goose.tools import models
 
     if args.action == "list":
         have = models.installed()
@@ -98,7 +98,9 @@ def _cmd_calibrate(args) -> int:
 
     import torch
 
-    from goose import latency, machine, models
+    from goose import latency
+    from goose import machine
+    from goose.tools import models
 
     if args.threads < 1:
         raise GooseInputError(f"--threads {args.threads}: must be >= 1 (the curve is per thread count). Hint: --threads 2")
@@ -136,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--force", action="store_true", help="convert again even if converted")
     sm.set_defaults(func=_cmd_models)
 
-    from goose import bench as bench_mod
-    from goose import generate as gen_mod
+    from goose.tools import bench as bench_mod
+    from goose.tools import generate as gen_mod
 
     gen_mod.add_parser(sub)
     bench_mod.add_parser(sub)

@@ -55,7 +55,7 @@ def data_dir(explicit: str | None = None) -> Path:
 
 def demo() -> list[Prompt]:
     """Goose's own demo prompts (written for this project), shipped with the package."""
-    text = resources.files("goose").joinpath("data/demo_prompts.jsonl").read_text(encoding="utf-8")
+    text = resources.files("goose.tools").joinpath("data/demo_prompts.jsonl").read_text(encoding="utf-8")
     rows = [json.loads(x) for x in text.splitlines() if x.strip()]
     return [Prompt("demo", r["id"], r["prompt"], r.get("category", "")) for r in rows]
 
