@@ -24,9 +24,13 @@ Two gaps of transformers (5.x) that Goose works around or reports:
   prompt into it). Goose takes the streamer from ``generate``'s own call frame, so ``streamer=``
   works as with the stock loop; if that frame is not found the streamer gets only the prompt and a
   warning says so.
-- nor its ``tokenizer``, which ``stop_strings`` need: transformers itself then raises before Goose
-  runs. Give the stop strings as a criterion instead:
-  ``stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, ["\\n\\n"])])``.
+- nor its ``tokenizer``, which ``stop_strings`` need (with the stock loop transformers would raise
+  for want of one). :func:`hf_generate` therefore takes ``stop_strings`` itself (a parameter of its
+  own, so transformers hands it over instead of checking it) and builds transformers'
+  ``StopStringCriteria`` with the first tokenizer it finds: the ``goose=`` Decoder's, the
+  streamer's (``TextStreamer`` and ``TextIteratorStreamer`` keep one), or the one saved beside the
+  model (``AutoTokenizer.from_pretrained(model.name_or_path)``, loaded once per model). With none
+  of these it fails before any forward and says how to give one.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import torch
 from goose.errors import InvalidInputError
 
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: Decoder}
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> tokenizer saved beside it
 _lock = threading.Lock()
 
 DEFAULT = {"sources": ["pld", "tr"], "policy": "spine-fit"}
@@ -73,6 +78,33 @@ def _decoder_for(model, spec):
         with _lock:
             dec = per_model.setdefault(key, dec)
     return dec
+
+
+def _stop_string_tokenizer(model, dec, streamer, stop_strings):
+    """The tokenizer that turns ``stop_strings`` into a criterion (see the module docstring)."""
+    tok = getattr(dec, "tokenizer", None) or getattr(streamer, "tokenizer", None)
+    if tok is not None:
+        return tok
+    with _lock:
+        tok = _tokenizers.get(model)
+    if tok is None:
+        path = getattr(getattr(model, "config", None), "name_or_path", None) or getattr(model, "name_or_path", None)
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(path) if path else None
+        except Exception:  # noqa: BLE001 - any failure means: no tokenizer beside the model
+            tok = None
+        if tok is None:
+            raise InvalidInputError(
+                f"stop_strings={stop_strings!r} need the model's tokenizer, and transformers does not hand "
+                f"custom_generate the tokenizer= it was given; none was found beside the model ({path!r}). "
+                "Hint: pass goose=goose.compose(model, tok) (its tokenizer is used), or "
+                "stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, stop_strings)])"
+            )
+        with _lock:
+            tok = _tokenizers.setdefault(model, tok)
+    return tok
 
 
 def _generate_locals() -> dict | None:
@@ -148,6 +180,7 @@ def hf_generate(
     synced_gpus: bool = False,
     streamer=None,
     goose=None,
+    stop_strings=None,
     **model_kwargs,
 ):
     """transformers' decoding loop, replaced by Goose's: pass as ``model.generate(custom_generate=...)``."""
@@ -171,6 +204,13 @@ def hf_generate(
     record = bool(getattr(generation_config, "return_dict_in_generate", False)) and (
         bool(getattr(generation_config, "output_scores", False)) or bool(getattr(generation_config, "output_logits", False))
     )
+    if stop_strings:
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        if isinstance(stop_strings, str):
+            stop_strings = [stop_strings]
+        tok = _stop_string_tokenizer(model, dec, streamer, stop_strings)
+        stopping_criteria = StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tok, list(stop_strings))])
     plain, eos = _plain_criteria(stopping_criteria)
     criteria = None if plain else stopping_criteria
     out = dec.generate(

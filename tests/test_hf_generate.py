@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import goose
-from goose import datasets, models
+from goose.tools import datasets, models
 
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
 NEW = 48
@@ -78,6 +78,35 @@ def test_greedy_with_repetition_penalty_and_stop_strings_equals_generate(smol, p
     want = model.generate(**enc, max_new_tokens=NEW, do_sample=False, stop_strings=["\n\n"], tokenizer=tok)
     got = model.generate(**enc, max_new_tokens=NEW, do_sample=False, stopping_criteria=stop, custom_generate=goose.hf_generate)
     assert torch.equal(got, want) and want.shape[1] - enc["input_ids"].shape[1] < NEW  # it did stop early
+    # the issue's own call: stop_strings= and tokenizer= given to generate
+    got = model.generate(**enc, max_new_tokens=NEW, do_sample=False, stop_strings=["\n\n"], tokenizer=tok,
+                         custom_generate=goose.hf_generate)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.real_model
+def test_stop_strings_find_a_tokenizer_or_say_how_to_give_one(smol, prompts, monkeypatch):
+    from transformers import TextStreamer
+
+    from goose import hf
+
+    model, tok = smol
+    enc = prompts[0]
+    want = model.generate(**enc, max_new_tokens=NEW, do_sample=False, stop_strings="\n\n", tokenizer=tok)
+    bare = goose.compose(model, None, sources=["pld", "tr"], policy="spine")  # no tokenizer of its own
+    monkeypatch.setattr(hf, "_tokenizers", hf.weakref.WeakKeyDictionary())
+    got = model.generate(**enc, max_new_tokens=NEW, stop_strings="\n\n", custom_generate=goose.hf_generate,
+                         goose=bare, streamer=TextStreamer(tok))  # the streamer's tokenizer
+    assert torch.equal(got, want)
+    assert len(hf._tokenizers) == 0  # found without loading one
+    got = model.generate(**enc, max_new_tokens=NEW, stop_strings="\n\n", custom_generate=goose.hf_generate,
+                         goose=bare)  # the tokenizer saved beside the model
+    assert torch.equal(got, want) and len(hf._tokenizers) == 1
+    monkeypatch.setattr(hf, "_tokenizers", hf.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(model, "name_or_path", "/nonexistent/model-dir", raising=False)
+    monkeypatch.setattr(model.config, "_name_or_path", "/nonexistent/model-dir")
+    with pytest.raises(goose.InvalidInputError, match=r"stop_strings=\['\\n\\n'\] need the model's tokenizer.*Hint: pass goose="):
+        model.generate(**enc, max_new_tokens=4, stop_strings="\n\n", custom_generate=goose.hf_generate, goose=bare)
 
 
 @pytest.mark.real_model
