@@ -374,7 +374,7 @@ class Decoder:
         keep = 1
         for s in sources:
             keep = max(keep, int(s.prefill_positions(prompt_len) or 0))
-        keep = min(keep, prompt_len)
+        keep = max(1, min(int(policy.prefill_positions(prompt_len, keep)), keep, prompt_len))
         if rule is not None:
             verifier.rule = rule
         try:
@@ -460,6 +460,7 @@ class Decoder:
                 extra[s.name] = s.stats()
         if policy.stats():
             extra["policy"] = policy.stats()
+        extra["prefill_logit_rows"] = keep
         if verifier.stats():
             extra["verifier"] = verifier.stats()
         if rule is not None:

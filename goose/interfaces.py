@@ -280,6 +280,15 @@ class TreePolicy(ABC):
     def begin(self, request: Request) -> None:
         """A generation starts; reset per-request state."""
 
+    def prefill_positions(self, prompt_len: int, wanted: int) -> int:
+        """How many trailing prompt positions' logits the prefill computes, given what the sources want.
+
+        Each is one more row through the LM head. A policy that knows what a row costs on this
+        device (``fit``) lowers it where the rows cost more than they can earn; the loop computes
+        at least the last position's.
+        """
+        return wanted
+
     @abstractmethod
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         """Return the tree to verify (root = ``ctx.state.anchor``), or None for an ordinary step."""

@@ -18,6 +18,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
+from goose import machine
+
 # Every size the fit may pick up to 64 (bfloat16 and small-row kernels change with the row count),
 # then coarser; beyond the last size the curve is extended in proportion.
 SIZES = (*range(1, 25), 28, 32, 40, 48, 56, 64, 80, 96, 128)
@@ -26,7 +28,7 @@ FULL_SIZES = (*range(1, 65), 80, 96, 128)
 # nearest compared size (the forms switch at a crossover, not back and forth)
 COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
-CURVE_VERSION = 3  # bump when the measuring method changes: cached curves are measured anew
+CURVE_VERSION = 4  # bump when the measuring method changes: cached curves are measured anew
 
 log = logging.getLogger("goose")
 
@@ -38,6 +40,8 @@ class LatencyCurve:
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
     skinny: tuple[int, ...] = ()  # sizes whose tree pass is faster with weight @ x.T linears
+    # (rows, seconds) of the LM head alone on that many rows: what the prefill's extra logit rows cost
+    head: tuple[tuple[int, float], ...] = ()
 
     def __call__(self, n: int) -> float:
         s, t = self.sizes, self.seconds
@@ -55,12 +59,37 @@ class LatencyCurve:
         """``[t(0)=0, t(1), ..., t(n_max)]`` for fast lookups."""
         return [0.0] + [self(n) for n in range(1, n_max + 1)]
 
+    def head_rows_within(self, extra_s: float) -> int | None:
+        """The most LM-head rows whose cost over one row stays within ``extra_s`` (None: not measured).
+
+        Linear between measured row counts; past the last one, in proportion to the last
+        interval's cost per row.
+        """
+        h = self.head
+        if len(h) < 2:
+            return None
+        (r0, t0) = h[0]
+        best = r0
+        for (ra, ta), (rb, tb) in zip(h, h[1:]):
+            if tb - t0 <= extra_s:
+                best = rb
+                continue
+            per_row = (tb - ta) / (rb - ra)
+            return max(best, int(ra + (extra_s - (ta - t0)) / per_row)) if per_row > 0 else rb
+        (ra, ta), (rb, tb) = h[-2], h[-1]
+        per_row = (tb - ta) / (rb - ra)
+        if per_row <= 0:
+            return 1 << 30
+        return int(rb + (extra_s - (tb - t0)) / per_row)
+
     def to_dict(self) -> dict:
-        return {"sizes": list(self.sizes), "seconds": list(self.seconds), "skinny": list(self.skinny)}
+        return {"sizes": list(self.sizes), "seconds": list(self.seconds), "skinny": list(self.skinny),
+                "head": [list(x) for x in self.head]}
 
     @classmethod
     def from_dict(cls, d: dict) -> LatencyCurve:
-        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())))
+        head = tuple((int(r), float(t)) for r, t in d.get("head", ()))
+        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head)
 
 
 def _key(model) -> str:
@@ -83,6 +112,9 @@ def _key(model) -> str:
             "dtype": dtype,
             "device": device,
             "threads": torch.get_num_threads(),
+            # another CPU (a cache directory shared between machines) or limited kernels: another curve
+            "cpu": machine.cpu(),
+            "kernels": machine.kernels(),
             "torch": torch.__version__,
             "curve": CURVE_VERSION,
             # a model dispatched by accelerate (layers on other devices, offloaded to disk) is another curve
@@ -107,12 +139,14 @@ def measure(
     stop_ratio: float = 12.0,
     progress=None,
     compare_linear: bool = True,
+    measure_head: bool = True,
 ) -> LatencyCurve:
     """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n.
 
     Sizes are measured in increasing order, one timed forward each per round, until a forward costs
     ``stop_ratio`` one-token forwards (no tree the sources draft pays at that price; the curve
-    is extended in proportion beyond) or, past size 16, 80% of ``budget_s`` is spent, then further rounds over the same sizes while the time
+    is extended in proportion beyond) or, past size 4, 80% of ``budget_s`` is spent (on a steep
+    curve the sizes that could pay are the small ones), then further rounds over the same sizes while the time
     ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
@@ -120,7 +154,9 @@ def measure(
     both with stock linear layers and as ``weight @ x.T`` (verifiers/skinny.py), keeps the faster
     form for that size (``LatencyCurve.skinny``; later rounds time that form), and the verifier's
     ``linear="auto"`` then runs each tree size in its faster form: the curve measures the
-    verifier as it will run. ``progress(text)`` is called as it goes.
+    verifier as it will run. With ``measure_head``, the LM head alone is then timed on growing
+    row counts (:func:`_measure_head`): what the prefill's extra logit rows cost. ``progress(text)``
+    is called as it goes.
     """
     import torch
 
@@ -187,7 +223,7 @@ def measure(
         say(f"size {n}: {1000 * dt:.1f} ms{' (skinny)' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
         if n > 1 and dt > stop_ratio * t1:
             break
-        if n >= 16 and time.perf_counter() - t_start > 0.8 * budget_s:
+        if n >= 4 and time.perf_counter() - t_start > 0.8 * budget_s:
             say(f"time budget reached at size {n}: larger sizes are extended in proportion")
             break
     kept = sorted(times)
@@ -199,9 +235,47 @@ def measure(
         for n in kept:
             times[n].append(once(n, form[n]))
         say(f"round {r + 1}/{repeats} ({time.perf_counter() - t_start:.1f} s)")
-    v.end()
     med = [statistics.median(times[n]) for n in kept]
-    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n]))
+    head = _measure_head(model, v, med[0], say, t_start) if measure_head else ()
+    v.end()
+    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n]), head)
+
+
+HEAD_ROWS = (1, 8, 32, 128, 256)
+
+
+def _measure_head(model, v, t1: float, say, t_start: float) -> tuple[tuple[int, float], ...]:
+    """Seconds of the LM head alone on 1, 8, 32, ... rows, until the extra rows cost one forward.
+
+    The prefill computes the logits of the trailing positions the sources learn from (token
+    recycling: up to 256); each is a row through the LM head, nearly free with AMX and about a
+    tenth of a forward each for a 1.5B model in bfloat16 on an AVX2-only CPU. Larger row counts
+    than the one whose extra cost passes ``t1`` are not timed (the fit would not allow them).
+    """
+    import torch
+
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    weight = getattr(head, "weight", None)
+    if head is None or weight is None or weight.dim() != 2 or weight.device.type == "meta":
+        return ()
+    hidden = weight.shape[1]
+    out = []
+    with torch.inference_mode():
+        for r in HEAD_ROWS:
+            x = torch.randn(1, r, hidden, dtype=weight.dtype, device=weight.device)
+            head(x)  # untimed: the first call of a shape
+            ts = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                head(x)
+                ts.append(time.perf_counter() - t0)
+            out.append((r, min(ts)))
+            if out[-1][1] - out[0][1] > t1:
+                break
+    say(f"LM head: {1000 * out[0][1]:.1f} ms for 1 row, {1000 * out[-1][1]:.1f} ms for {out[-1][0]} "
+        f"({time.perf_counter() - t_start:.1f} s)")
+    return tuple(out)
 
 
 def _progress_printer(label: str):

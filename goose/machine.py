@@ -1,4 +1,9 @@
-"""What machine a measurement ran on: CPU model and the vector extensions that decide which tree pays."""
+"""What machine a measurement ran on: CPU model and the vector extensions that decide which tree pays.
+
+Part of the core: the latency curve a fitted policy trusts is keyed by it (goose/latency.py), so a
+cache directory shared between machines, or a run with torch's kernels limited to AVX2, never
+reuses a curve measured on other hardware. Results tables print :func:`describe`.
+"""
 
 from __future__ import annotations
 
@@ -31,9 +36,31 @@ def cpu() -> dict:
     return {"model": model, "cores": os.cpu_count() or 0, "flags": [f for f in FLAGS if f in flags]}
 
 
+# Environment variables that limit the instruction sets torch, oneDNN and MKL use: a machine with
+# AMX runs as an AVX2-only one under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2.
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE")
+
+
+def kernels() -> dict:
+    """torch's CPU kernel level and any instruction-set limits set in the environment."""
+    import os
+
+    import torch
+
+    try:
+        level = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - an old or unusual build: the level is unknown, not an error
+        level = "?"
+    return {"torch_cpu_capability": level, "env": {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}}
+
+
 def describe() -> str:
     """One line: model, cores, extensions (e.g. "Intel(R) Xeon(R) Processor, 2 cores, AVX2 AVX-512 AMX")."""
     c = cpu()
     fl = set(c["flags"])
     ext = [n for n, k in (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AVX512-BF16", "avx512_bf16"), ("AMX", "amx_bf16")) if k in fl]
-    return f"{c['model']}, {c['cores']} cores, {' '.join(ext) or 'no AVX2'}"
+    line = f"{c['model']}, {c['cores']} cores, {' '.join(ext) or 'no AVX2'}"
+    env = kernels()["env"]
+    if env:
+        line += "; kernels limited by " + " ".join(f"{k}={v}" for k, v in env.items())
+    return line

@@ -86,6 +86,11 @@ class FitOptions(Options):
         description="correct the latency curve by the steps' observed times (None: on for a measured "
         "curve, off for a fixed `latency`)",
     )
+    prefill_steps: float | None = Field(
+        1.0, ge=0.0,
+        description="the prefill's extra logit rows (what the sources learn from) may cost at most this many "
+        "plain steps, by the LM head's measured cost per row (None: as many as the sources ask)",
+    )
     calibrate_gain: bool = Field(
         True, description="scale the expected gain down when the model has over-predicted the accepted tokens"
     )
@@ -135,6 +140,15 @@ class FitPolicy(TreePolicy):
 
     def max_nodes(self, budget: int) -> int:
         return self.inner.max_nodes(budget)
+
+    def prefill_positions(self, prompt_len: int, wanted: int) -> int:
+        """At most the rows whose LM-head cost fits ``prefill_steps`` plain steps (measured curves only)."""
+        c, steps = self.curve, self.options.prefill_steps
+        wanted = self.inner.prefill_positions(prompt_len, wanted)
+        if c is None or steps is None:
+            return wanted
+        cap = c.head_rows_within(steps * c(1))
+        return wanted if cap is None else max(1, min(wanted, cap))
 
     def begin(self, request: Request | None) -> None:
         from goose.theory.calibrate import Counts

@@ -86,6 +86,25 @@ def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
     assert c(64) > c(c.sizes[-1])  # extended in proportion past the last size
 
 
+def test_measure_keeps_to_its_time_budget_on_a_slow_steep_model(monkeypatch):
+    """0.3 s a token (a 1.5B model on an AVX2-only CPU): measuring ends within 30 s, before size 16."""
+    import goose.latency as lat
+
+    clock = {"t": 0.0}
+
+    class Slow(ToyCausalLM):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
+            clock["t"] += 0.3 * input_ids.shape[1]
+            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
+
+    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    lines = []
+    c = measure(Slow(16), past_len=8, repeats=3, stop_ratio=100.0, progress=lines.append)  # the ratio never stops it
+    assert clock["t"] <= 25.0  # the budget (the issue's limit for first use is 30 s)
+    assert 4 <= c.sizes[-1] < 16 and any("time budget reached" in x for x in lines)
+    assert c(64) == pytest.approx(64 * c(1), rel=0.05)  # extended in proportion
+
+
 def test_fit_refuses_to_wrap_itself():
     with pytest.raises(goose.InvalidInputError, match="cannot wrap itself"):
         goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="fit", policy_options={"inner": "spine-fit"})
@@ -248,3 +267,45 @@ def test_observed_latency_corrects_the_curve():
     st_ = out.stats.extra["policy"]
     # a microsecond per forward is far below what a Python forward costs: the tree ratio grew
     assert st_["fit_latency_ratio_tree"] > 2.0
+
+
+def test_the_curve_is_keyed_by_the_cpu_and_its_kernel_limits(monkeypatch):
+    """A cache shared between machines, or kernels limited to AVX2, must not reuse another curve."""
+    from goose import latency, machine
+
+    model = ToyCausalLM(16)
+    base = latency._key(model)
+    assert latency._key(model) == base  # stable
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    limited = latency._key(model)
+    assert limited != base
+    assert "kernels limited by ONEDNN_MAX_CPU_ISA=AVX2" in machine.describe()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    other = dict(machine.cpu(), model="AMD EPYC 7B13", flags=["avx2"])
+    monkeypatch.setattr(machine, "cpu", lambda: other)
+    assert latency._key(model) not in (base, limited)
+
+
+def test_head_rows_within_an_allowance():
+    c = LatencyCurve((1, 2), (0.2, 0.4), (), ((1, 0.01), (8, 0.08), (32, 0.32)))  # 10 ms a row
+    assert c.head_rows_within(0.2) == 21 and c.head_rows_within(0.05) == 6 and c.head_rows_within(0.0) == 1
+    assert c.head_rows_within(1.0) == 101  # past the last measured count: in proportion
+    assert LatencyCurve((1,), (0.2,)).head_rows_within(1.0) is None  # not measured: no limit
+    assert LatencyCurve.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize("per_row,rows", [(0.1, 3), (1e-6, 200)])
+def test_fit_keeps_the_prefill_logit_rows_within_one_plain_step(monkeypatch, per_row, rows):
+    """A costly LM head row (an AVX2-only CPU in bfloat16): the prefill computes only what one step pays for."""
+    import goose.latency as lat
+
+    curve = LatencyCurve((1, 2, 4), (0.2, 0.4, 0.8), (), ((1, 0.01), (8, 0.01 + 7 * per_row), (32, 0.01 + 31 * per_row)))
+    monkeypatch.setattr(lat, "curve_for", lambda model, **kw: curve)
+    model = ToyCausalLM(16)
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit")
+    prompt = [(i * 7 + i // 5) % 16 for i in range(200)]
+    out = dec.generate(prompt, max_new_tokens=30)
+    assert out.token_ids == reference_greedy(prompt, 30, 16)
+    assert out.stats.extra["prefill_logit_rows"] == rows  # 0.2 s / 0.1 s a row -> 1 + 2 rows; cheap: TR's 200
+    off = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", policy_options={"prefill_steps": None})
+    assert off.generate(prompt, max_new_tokens=4).stats.extra["prefill_logit_rows"] == 200
