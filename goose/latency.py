@@ -206,8 +206,8 @@ def measure(
     say = progress or (lambda text: None)
     for n in (1, 1, 1, min(8, sizes[-1])):  # warm-up
         once(n)
-        if both(min(8, sizes[-1])):
-            once(min(8, sizes[-1]), True)
+    if both(min(8, sizes[-1])):
+        once(min(8, sizes[-1]), True)
     times: dict[int, list[float]] = {}
     form: dict[int, bool] = {}  # size -> skinny form faster
     t1 = min(once(1) for _ in range(3))
@@ -223,7 +223,7 @@ def measure(
         say(f"size {n}: {1000 * dt:.1f} ms{' (skinny)' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
         if n > 1 and dt > stop_ratio * t1:
             break
-        if n >= 4 and time.perf_counter() - t_start > 0.8 * budget_s:
+        if n >= 4 and time.perf_counter() - t_start + dt > 0.8 * budget_s:  # the next size costs at least dt
             say(f"time budget reached at size {n}: larger sizes are extended in proportion")
             break
     kept = sorted(times)
@@ -236,7 +236,7 @@ def measure(
             times[n].append(once(n, form[n]))
         say(f"round {r + 1}/{repeats} ({time.perf_counter() - t_start:.1f} s)")
     med = [statistics.median(times[n]) for n in kept]
-    head = _measure_head(model, v, med[0], say, t_start) if measure_head else ()
+    head = _measure_head(model, v, med[0], say, t_start, g) if measure_head else ()
     v.end()
     return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n]), head)
 
@@ -244,7 +244,7 @@ def measure(
 HEAD_ROWS = (1, 8, 32, 128, 256)
 
 
-def _measure_head(model, v, t1: float, say, t_start: float) -> tuple[tuple[int, float], ...]:
+def _measure_head(model, v, t1: float, say, t_start: float, g) -> tuple[tuple[int, float], ...]:
     """Seconds of the LM head alone on 1, 8, 32, ... rows, until the extra rows cost one forward.
 
     The prefill computes the logits of the trailing positions the sources learn from (token
@@ -263,7 +263,8 @@ def _measure_head(model, v, t1: float, say, t_start: float) -> tuple[tuple[int, 
     out = []
     with torch.inference_mode():
         for r in HEAD_ROWS:
-            x = torch.randn(1, r, hidden, dtype=weight.dtype, device=weight.device)
+            # its own generator: calibration may run inside a seeded generate and must not move torch's global one
+            x = torch.randn(1, r, hidden, generator=g).to(dtype=weight.dtype, device=weight.device)
             head(x)  # untimed: the first call of a shape
             ts = []
             for _ in range(2):

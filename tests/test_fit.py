@@ -309,3 +309,19 @@ def test_fit_keeps_the_prefill_logit_rows_within_one_plain_step(monkeypatch, per
     assert out.stats.extra["prefill_logit_rows"] == rows  # 0.2 s / 0.1 s a row -> 1 + 2 rows; cheap: TR's 200
     off = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", policy_options={"prefill_steps": None})
     assert off.generate(prompt, max_new_tokens=4).stats.extra["prefill_logit_rows"] == 200
+
+
+def test_calibration_leaves_torch_global_generator_alone():
+    """fit calibrates on first use, inside a generate the caller may have seeded: no global draws."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    c = measure(model, sizes=(1, 2, 4), past_len=16, repeats=1)
+    assert c.head and c.head[0][0] == 1  # the LM head was timed
+    assert torch.equal(torch.get_rng_state(), before)
