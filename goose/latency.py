@@ -68,19 +68,14 @@ class LatencyCurve:
         h = self.head
         if len(h) < 2:
             return None
-        (r0, t0) = h[0]
-        best = r0
-        for (ra, ta), (rb, tb) in zip(h, h[1:]):
-            if tb - t0 <= extra_s:
-                best = rb
-                continue
-            per_row = (tb - ta) / (rb - ra)
-            return max(best, int(ra + (extra_s - (ta - t0)) / per_row)) if per_row > 0 else rb
-        (ra, ta), (rb, tb) = h[-2], h[-1]
+        t0 = h[0][1]
+        # the first interval the allowance ends in, else the last one (extrapolated)
+        i = next((i for i in range(1, len(h)) if h[i][1] - t0 > extra_s), len(h) - 1)
+        (ra, ta), (rb, tb) = h[i - 1], h[i]
         per_row = (tb - ta) / (rb - ra)
-        if per_row <= 0:
+        if per_row <= 0:  # rows free at the end of the measured range
             return 1 << 30
-        return int(rb + (extra_s - (tb - t0)) / per_row)
+        return max(ra, int(ra + (extra_s - (ta - t0)) / per_row + 1e-9))  # 1e-9: float rounding of whole rows
 
     def to_dict(self) -> dict:
         return {"sizes": list(self.sizes), "seconds": list(self.seconds), "skinny": list(self.skinny),

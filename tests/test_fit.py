@@ -63,23 +63,29 @@ def test_measure_and_cache_on_a_model():
     assert c1 == c2
 
 
-def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
-    """A model whose forward costs grow with every token: measuring stops at stop_ratio x t(1).
-
-    The clock is the model's own (each forward advances it by 2 ms a token), so the test does not
-    depend on the machine's load."""
+def _clocked_toy(monkeypatch, seconds_per_token: float):
+    """A toy whose forwards advance a fake clock (the one measure reads) by ``seconds_per_token`` a token."""
     import goose.latency as lat
 
     clock = {"t": 0.0}
 
     class Slow(ToyCausalLM):
         def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
-            clock["t"] += 0.002 * input_ids.shape[1]
+            clock["t"] += seconds_per_token * input_ids.shape[1]
             return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
 
     monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    return clock, Slow(16)
+
+
+def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
+    """A model whose forward costs grow with every token: measuring stops at stop_ratio x t(1).
+
+    The clock is the model's own (each forward advances it by 2 ms a token), so the test does not
+    depend on the machine's load."""
+    clock, model = _clocked_toy(monkeypatch, 0.002)
     lines = []
-    c = measure(Slow(16), past_len=8, repeats=2, stop_ratio=4.0, progress=lines.append)
+    c = measure(model, past_len=8, repeats=2, stop_ratio=4.0, progress=lines.append)
     assert c.sizes == (1, 2, 3, 4, 5)  # 5 tokens cost 5 > 4 x t(1): the last size measured
     assert c.seconds == pytest.approx((0.002, 0.004, 0.006, 0.008, 0.010))
     assert any("size 1:" in x for x in lines) and any("round 2/2" in x for x in lines)
@@ -88,18 +94,9 @@ def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
 
 def test_measure_keeps_to_its_time_budget_on_a_slow_steep_model(monkeypatch):
     """0.3 s a token (a 1.5B model on an AVX2-only CPU): measuring ends within 30 s, before size 16."""
-    import goose.latency as lat
-
-    clock = {"t": 0.0}
-
-    class Slow(ToyCausalLM):
-        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
-            clock["t"] += 0.3 * input_ids.shape[1]
-            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
-
-    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    clock, model = _clocked_toy(monkeypatch, 0.3)
     lines = []
-    c = measure(Slow(16), past_len=8, repeats=3, stop_ratio=100.0, progress=lines.append)  # the ratio never stops it
+    c = measure(model, past_len=8, repeats=3, stop_ratio=100.0, progress=lines.append)  # the ratio never stops it
     assert clock["t"] <= 25.0  # the budget (the issue's limit for first use is 30 s)
     assert 4 <= c.sizes[-1] < 16 and any("time budget reached" in x for x in lines)
     assert c(64) == pytest.approx(64 * c(1), rel=0.05)  # extended in proportion

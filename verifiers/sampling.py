@@ -103,12 +103,6 @@ def build_processors(s: Sampling, prompt_len: int, eos_ids: Sequence[int]):
     return procs
 
 
-def _top_p_type():
-    from transformers import TopPLogitsWarper
-
-    return TopPLogitsWarper
-
-
 class FastTopP:
     """transformers' ``TopPLogitsWarper`` for one CPU row, bit for bit, without its index sort.
 
@@ -158,14 +152,9 @@ class FastTopP:
 
 def fast_processors(procs):
     """``procs`` with every plain ``TopPLogitsWarper`` served by :class:`FastTopP` (same output)."""
-    if procs is None or not len(procs):
-        return procs
-    top_p = _top_p_type()
-    if not any(type(p) is top_p for p in procs):
-        return procs
-    from transformers import LogitsProcessorList
+    from transformers import LogitsProcessorList, TopPLogitsWarper
 
-    return LogitsProcessorList(FastTopP(p) if type(p) is top_p else p for p in procs)
+    return LogitsProcessorList(FastTopP(p) if type(p) is TopPLogitsWarper else p for p in procs)
 
 
 def _two_args(processor) -> bool:
@@ -195,10 +184,9 @@ class TokenRule:
     ):
         self.processors = fast_processors(processors) if processors is not None and len(processors) else None
         # LogitsProcessorList.__call__ reads each processor's signature on every call (inspect, per token);
-        # processors that take (input_ids, scores) only are called in the same order directly
-        self._chain = None
-        if self.processors is not None and all(_two_args(p) for p in self.processors):
-            self._chain = tuple(self.processors)
+        # processors that take (input_ids, scores) only are called in the same order directly (None: via the list)
+        procs = self.processors or ()
+        self._chain = tuple(procs) if all(_two_args(p) for p in procs) else None
         self.do_sample = do_sample
         self.generator = generator
         self.stop_ids = stop_ids
@@ -225,12 +213,12 @@ class TokenRule:
         if k:
             self.buf[0, self.n : self.n + k] = torch.as_tensor(list(before), dtype=torch.long)
         logits = row.to(dtype=torch.float32).view(1, -1).clone()
-        if self._chain is not None:
-            ids, scores = self.buf[:, : self.n + k], logits
+        ids, scores = self.buf[:, : self.n + k], logits
+        if self._chain is None:
+            scores = self.processors(ids, logits)
+        else:
             for p in self._chain:
                 scores = p(ids, scores)
-        else:
-            scores = self.processors(self.buf[:, : self.n + k], logits) if self.processors is not None else logits
         if self.do_sample:
             probs = torch.softmax(scores, dim=-1)
             tok = int(torch.multinomial(probs, num_samples=1, generator=self.generator)[0, 0])
