@@ -337,6 +337,7 @@ class Decoder:
             rule = TokenRule(
                 prompt_ids, max_new_tokens, max_new_tokens + self.max_nodes + 1, procs, sampling.do_sample,
                 generator, frozenset(stops), stopping_criteria, record=record_scores,
+                temperature=sampling.temperature if sampling.do_sample else None,
             )
         if streamer is not None and stream_prompt:
             streamer.put(ids.view(1, -1).cpu())
@@ -417,7 +418,7 @@ class Decoder:
                     state = DraftState(
                         seq, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, step
                     )
-                    ctx = DraftContext(state, sources)
+                    ctx = DraftContext(state, sources, None if rule is None else rule.noise_view())
                     tree = self._shape(policy, ctx, anchor, max_depth)
                     t_sources += ctx.source_s
                 if tree is None:
@@ -452,6 +453,7 @@ class Decoder:
             verifier.end()
             if rule is not None:
                 verifier.rule = None
+                rule.finish()
 
         per_source = {o: {"drafted": drafted[o], "accepted": accepted[o]} for o in sorted(drafted)}
         extra = {}

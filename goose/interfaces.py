@@ -178,14 +178,16 @@ class DraftContext:
     errors it raises come back as :class:`~goose.errors.DraftSourceError` naming the source.
     """
 
-    __slots__ = ("state", "sources", "_proposals", "_succ", "source_s")
+    __slots__ = ("state", "sources", "_proposals", "_succ", "source_s", "noise")
 
-    def __init__(self, state: DraftState, sources: Sequence[DraftSource]):
+    def __init__(self, state: DraftState, sources: Sequence[DraftSource], noise=None):
         self.state = state
         self.sources = tuple(sources)
         self._proposals: dict[str, Proposal | None] = {}
         self._succ = tuple(s for s in self.sources if s.provides_successors)
         self.source_s = 0.0  # seconds spent inside the sources (propose, successors) this step
+        # when sampling: the draws' noise of this step's tokens (goose.verifiers.sampling.NoiseView), else None
+        self.noise = noise
 
     @property
     def budget(self) -> int:
@@ -220,8 +222,16 @@ class DraftContext:
     def has_successors(self) -> bool:
         return bool(self._succ)
 
-    def successors(self, token: int, prev: int | None) -> tuple[Sequence[int], Sequence[float], str]:
-        """Successors from the first successor-providing source that knows ``token``."""
+    def successors(
+        self, token: int, prev: int | None, depth: int | None = None
+    ) -> tuple[Sequence[int], Sequence[float], str]:
+        """Successors from the first successor-providing source that knows ``token``.
+
+        ``depth``: the tree depth the successors would be placed at (1: children of the root).
+        Given it while sampling, the successors come ordered by how likely this step's draw at
+        that depth picks each, knowing the draw's noise (:class:`~goose.verifiers.sampling.NoiseView`);
+        the scores are then those likelihoods. Without it (or when not sampling): the source's order.
+        """
         t0 = time.perf_counter()
         try:
             for s in self._succ:
@@ -230,6 +240,8 @@ class DraftContext:
                 except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
                     raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
                 if len(ids):
+                    if depth is not None and self.noise is not None:
+                        ids, scores = self.noise.rank(ids, scores, depth)
                     return ids, scores, s.name
             return (), (), ""
         finally:

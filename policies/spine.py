@@ -123,7 +123,8 @@ def two_source_start(ctx: DraftContext, spine: str | None, options) -> tuple:
     confidence, the budget extended by that confidence, and the root's successors (ids, scores)."""
     chain, conf = chain_and_confidence(ctx, spine, options.confidence)
     budget = ctx.budget + int(conf * options.extension)
-    ids, scores, _ = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor)
+    depth = 1 if getattr(options, "coupled", False) else None
+    ids, scores, _ = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor, depth)
     return chain, conf, budget, ids, scores
 
 
@@ -190,6 +191,11 @@ class SpineOptions(Options):
     min_score: float = Field(0.01, ge=0.0, lt=1.0, description="successors scoring below this are not drafted")
     max_branch_depth: int = Field(6, ge=1, description="branches are extended only while shallower than this")
     top_k: int = Field(10, ge=1, description="K of the BFS width cap max(1, K // depth)")
+    coupled: bool = Field(
+        True,
+        description="when sampling, order each node's successors by how likely the draw at its depth "
+        "picks them, knowing the draw's noise (DraftContext.successors with depth); off: the source's order",
+    )
 
     @field_validator("tiers")
     @classmethod
@@ -255,6 +261,7 @@ class SpinePolicy(TreePolicy):
         st = ctx.state
         depth_cap = st.max_depth
         min_score = o.min_score
+        coupled = o.coupled
         maxd = min(o.max_branch_depth, depth_cap)
         ratio_base = spine_ratio(self.ema, o.tiers, o.tier_cutoffs)
         ratio = ratio_base + conf * (1.0 - ratio_base)
@@ -304,7 +311,7 @@ class SpinePolicy(TreePolicy):
                 if a <= 0 or j + 2 > depth_cap:
                     break
                 node = j + 1
-                ids, scores, _ = ctx.successors(tokens[node], tokens[node - 1])
+                ids, scores, _ = ctx.successors(tokens[node], tokens[node - 1], j + 2 if coupled else None)
                 attach(node, j + 2, ids, scores, a, chain[j + 1] if j + 1 < L else -1, BRANCH)
 
         # Step 4: breadth-first extension of the branch frontier.
@@ -313,7 +320,7 @@ class SpinePolicy(TreePolicy):
         while frontier and remaining > 0:
             node, score = frontier.popleft()
             d = depths[node]
-            ids, scores, _ = ctx.successors(tokens[node], tokens[parents[node]])
+            ids, scores, _ = ctx.successors(tokens[node], tokens[parents[node]], d + 1 if coupled else None)
             if not len(ids):
                 continue
             width = max(1, min(len(ids), math.ceil(remaining * score)))

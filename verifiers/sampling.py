@@ -8,6 +8,10 @@ token exactly as ``GenerationMixin._sample`` does for one generated token:
     scores = logits_processor(input_ids, float32 logits)     # input_ids: prompt + tokens before it
     token  = multinomial(softmax(scores), 1)                  # do_sample; argmax(scores) otherwise
 
+(on the CPU the draw is made as ``multinomial`` makes it, ``argmax(probs / q)`` with ``q`` that
+token's exponential fill, drawn from the same generator in the same order, possibly before the
+forward so that drafting can read it: :class:`NoiseTape`, :class:`NoiseView`).
+
 The tree walk (:func:`rule_walk`) applies it at the visited nodes only: at node u it draws the
 target's token x given the prefix ending at u; if a child of u carries x the walk moves there,
 otherwise x is the bonus token and the step ends. So every committed token is one draw, in
@@ -133,7 +137,7 @@ class FastTopP:
             or self.stock.filter_value != -float("inf")
         ):
             return self.stock(input_ids, scores)
-        sv = np.sort(scores.detach().numpy()[0])  # ascending; NaN last
+        sv = _sorted_values(scores.detach().numpy()[0])  # ascending; NaN last
         n = sv.shape[0]
         if np.isnan(sv[-1]) or n < self.min_keep or not np.isfinite(sv[n - self.min_keep]):
             self.fallbacks += 1
@@ -148,6 +152,17 @@ class FastTopP:
             self.fallbacks += 1
             return self.stock(input_ids, scores)
         return scores.masked_fill(scores < float(sv[cut]), -float("inf"))
+
+
+def _sorted_values(x: np.ndarray) -> np.ndarray:
+    """``np.sort(x)``; after a top-k filter most entries are -inf, and only the rest is sorted."""
+    keep = x != -np.inf  # NaN and +inf are kept: the sort puts them last, as np.sort does
+    m = int(np.count_nonzero(keep))
+    if 4 * m >= x.shape[0]:
+        return np.sort(x)
+    out = np.full(x.shape[0], -np.inf, dtype=x.dtype)
+    out[x.shape[0] - m :] = np.sort(x[keep])
+    return out
 
 
 def fast_processors(procs):
@@ -167,6 +182,130 @@ def _two_args(processor) -> bool:
         return False
 
 
+def _probe_gumbel() -> bool:
+    """Whether ``torch.multinomial(p, 1)`` is ``argmax(p / q)`` with ``q = empty_like(p).exponential_()`` here.
+
+    That is how torch draws one sample on the CPU (its Gumbel-max fast path: it checks ``p``, fills
+    ``q`` from the generator, divides, takes the argmax). :class:`NoiseTape` draws ``q`` ahead of
+    time on that premise, so it is checked once per process, on a private generator, token and
+    generator state both; where it fails (another torch), the rule draws with ``multinomial``.
+    """
+    g1, g2 = torch.Generator().manual_seed(20261201), torch.Generator().manual_seed(20261201)
+    probe = torch.Generator().manual_seed(7)
+    for n in (5, 4099, 49152):
+        p = torch.rand((1, n), generator=probe) ** 8
+        p[0, : n // 3] = 0.0
+        p = p / p.sum()
+        for _ in range(3):
+            a = int(torch.multinomial(p, num_samples=1, generator=g1)[0, 0])
+            q = torch.empty_like(p).exponential_(generator=g2)
+            if a != int(torch.argmax(p / q)):
+                return False
+        if not torch.equal(g1.get_state(), g2.get_state()):
+            return False
+    return True
+
+
+_GUMBEL: list[bool] = []
+
+
+def gumbel_draws_match() -> bool:
+    if not _GUMBEL:
+        _GUMBEL.append(_probe_gumbel())
+    return _GUMBEL[0]
+
+
+class NoiseTape:
+    """The exponential noise of each generated token's draw, drawn ahead from the request's generator.
+
+    ``torch.multinomial(probs, 1)`` on the CPU is ``argmax(probs / q)`` where ``q`` is a fresh
+    ``exponential_()`` fill of a tensor shaped like ``probs``: the draw's randomness does not depend
+    on ``probs``. So the noise of token j (``q_j``, one ``[1, vocab]`` fill per token, in order,
+    from the same generator) can be drawn before the forward that gives that token's distribution,
+    and the token is the same. Drafting may then read the noise (:class:`NoiseView`): knowing
+    ``q_j``, a draft source's estimate of the distribution predicts which token the draw will pick.
+
+    Each ``q_j`` is drawn once. The generator state before each fill is kept, and :meth:`finish`
+    puts the generator back where it stands after exactly the fills the committed tokens used, so
+    the generator ends as transformers' loop leaves it.
+    """
+
+    def __init__(self, generator: torch.Generator | None, vocab: int):
+        self.gen = generator if generator is not None else torch.default_generator
+        self.vocab = vocab
+        self.base = 0  # index of the first kept fill
+        self.fills: list[torch.Tensor] = []  # fills[i]: q of token base + i, [1, vocab] float32
+        self.states: list[torch.Tensor] = []  # states[i]: generator state before fills[i]
+        self.used = 0  # tokens whose draw has been made (their fills are spent)
+
+    def noise(self, j: int) -> torch.Tensor:
+        """q of generated token j (0-based), drawing every fill up to it first."""
+        while self.base + len(self.fills) <= j:
+            self.states.append(self.gen.get_state())
+            self.fills.append(torch.empty((1, self.vocab), dtype=torch.float32).exponential_(generator=self.gen))
+        return self.fills[j - self.base]
+
+    def spend(self, j: int) -> None:
+        self.used = max(self.used, j + 1)
+
+    def release(self, upto: int) -> None:
+        """Forget the fills of tokens before ``upto`` (committed: never read again)."""
+        drop = min(max(0, upto - self.base), len(self.fills))
+        if drop:
+            del self.fills[:drop], self.states[:drop]
+            self.base += drop
+
+    def finish(self) -> None:
+        """Rewind the generator to just after the fills that were spent (drawn-ahead ones are undone)."""
+        i = self.used - self.base
+        if 0 <= i < len(self.states):
+            self.gen.set_state(self.states[i])
+        self.fills.clear()
+        self.states.clear()
+        self.base = self.used
+
+
+class NoiseView:
+    """One step's view of the noise tape for drafting: which successor the draw at a depth will pick.
+
+    A source's successor scores estimate the target's next-token distribution (token recycling:
+    the softmax over the top-K logits the target gave after the same token earlier). Under
+    temperature ``T`` the sampling distribution is proportional to ``score ** (1 / T)``, and the
+    draw at depth d picks ``argmax p / q`` with ``q`` the fill of that token (:class:`NoiseTape`).
+    :meth:`rank` orders the successors by ``score ** (1 / T) / q`` and scores them by those keys
+    normalised over the candidates: where the estimate is near the target's distribution, the
+    first successor is the token the draw will pick, not merely the likeliest one. Only the order
+    of drafts changes, never how they are verified: the walk draws every token as before.
+    """
+
+    __slots__ = ("tape", "base", "inv_t", "max_depth", "_rows")
+
+    def __init__(self, tape: NoiseTape, base: int, temperature: float | None, max_depth: int):
+        self.tape = tape
+        self.base = base  # index of the token at depth 1
+        self.inv_t = 1.0 / float(temperature) if temperature else 1.0
+        self.max_depth = max_depth  # deepest depth whose noise is read (each new fill costs a vocabulary of draws)
+        self._rows: dict = {}
+
+    def row(self, depth: int):
+        r = self._rows.get(depth)
+        if r is None:
+            r = self._rows[depth] = self.tape.noise(self.base + depth - 1).numpy()[0]
+        return r
+
+    def rank(self, ids: Sequence[int], scores: Sequence[float], depth: int):
+        if not 1 <= depth <= self.max_depth or len(ids) < 2:
+            return ids, scores
+        q = self.row(depth)
+        it = self.inv_t
+        keys = [(s**it if s > 0.0 else 0.0) / max(float(q[t]), 1e-30) for t, s in zip(ids, scores)]
+        total = sum(keys)
+        if not total > 0.0:
+            return ids, scores
+        order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
+        return [ids[i] for i in order], [keys[i] / total for i in order]
+
+
 class TokenRule:
     """One request's token choice: the committed sequence, processors, draw, and when to stop."""
 
@@ -181,6 +320,7 @@ class TokenRule:
         stop_ids: frozenset[int] = frozenset(),
         stopping_criteria=None,
         record: bool = False,
+        temperature: float | None = None,
     ):
         self.processors = fast_processors(processors) if processors is not None and len(processors) else None
         # LogitsProcessorList.__call__ reads each processor's signature on every call (inspect, per token);
@@ -203,6 +343,9 @@ class TokenRule:
         self.raw: list[torch.Tensor] = []  # raw float32 logits of every committed token (record=True)
         self.draws = 0
         self.kind = "sample" if do_sample else "processed"
+        self.tape: NoiseTape | None = None  # made at the first CPU float32 draw (see NoiseTape)
+        self.temperature = temperature
+        self._tape_ok = do_sample and (generator is None or generator.device.type == "cpu")
 
     # -- one token ------------------------------------------------------------------------------
     def choose(self, row: torch.Tensor, before: Sequence[int]) -> int:
@@ -221,7 +364,18 @@ class TokenRule:
                 scores = p(ids, scores)
         if self.do_sample:
             probs = torch.softmax(scores, dim=-1)
-            tok = int(torch.multinomial(probs, num_samples=1, generator=self.generator)[0, 0])
+            tape = self.noise_tape(probs)
+            if tape is None:
+                tok = int(torch.multinomial(probs, num_samples=1, generator=self.generator)[0, 0])
+            else:
+                # multinomial's own checks, then its draw with the fill drawn ahead for this token
+                if not bool(((probs.max() < float("inf")) & (probs.min() >= 0)).item()):
+                    raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+                if not bool(probs.sum() > 0):
+                    raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+                j = self.generated + k
+                tok = int(torch.argmax(probs / tape.noise(j)))
+                tape.spend(j)
             self.draws += 1
         else:
             tok = int(scores.argmax(dim=-1)[0])
@@ -229,6 +383,31 @@ class TokenRule:
             self.scores.append(scores)
             self.raw.append(logits)
         return tok
+
+    def noise_tape(self, probs: torch.Tensor | None = None) -> NoiseTape | None:
+        """The request's noise tape, made at its first draw; None where draws go through ``multinomial``."""
+        if self.tape is None and self._tape_ok and probs is not None:
+            if (
+                probs.device.type == "cpu"
+                and probs.dtype == torch.float32
+                and probs.dim() == 2
+                and probs.shape[0] == 1
+                and gumbel_draws_match()
+            ):
+                self.tape = NoiseTape(self.generator, int(probs.shape[1]))
+            else:
+                self._tape_ok = False
+        return self.tape
+
+    def noise_view(self, max_depth: int = 16) -> NoiseView | None:
+        """This step's noise for drafting (None when not sampling through the tape)."""
+        t = self.tape
+        return None if t is None else NoiseView(t, self.generated, self.temperature, max_depth)
+
+    def finish(self) -> None:
+        """The request is over: leave the generator as transformers' loop would."""
+        if self.tape is not None:
+            self.tape.finish()
 
     def ends(self, step_tokens: Sequence[int]) -> bool:
         """Whether the generation ends with the last of this step's tokens (sets ``stopped``)."""
@@ -253,6 +432,8 @@ class TokenRule:
             self.buf[0, self.n : self.n + k] = torch.as_tensor(list(tokens), dtype=torch.long)
         self.n += k
         self.generated += k
+        if self.tape is not None:
+            self.tape.release(self.generated)
 
 
 def rule_walk(

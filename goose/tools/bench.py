@@ -36,6 +36,13 @@ PRESETS: dict[str, dict] = {
     "spine-nopld": {"sources": ["tr"], "policy": "spine"},
     "spine-warm": {"sources": ["pld", ("tr", {"warm": True})], "policy": "spine"},
     "spine-fit": {"sources": ["pld", "tr"], "policy": "spine-fit"},
+    # sampling: successors in the source's order, not ordered by the draws' noise (spine option
+    # coupled=False; the default before this stop), for interleaved comparisons
+    "spine-fit-uncoupled": {
+        "sources": ["pld", "tr"],
+        "policy": "spine-fit",
+        "policy_options": {"inner_options": {"inner_options": {"coupled": False}}},
+    },
     # the default before issue 11 (optimistic prior, whole-tree exploration, no observed-time or
     # gain correction, every prompt position harvested), for interleaved comparisons
     "spine-fit-prev": {
