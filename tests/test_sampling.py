@@ -354,6 +354,18 @@ def test_noise_tape_rewinds_fills_drawn_ahead():
     assert torch.equal(g.get_state(), ref.get_state())
 
 
+def test_noise_tape_leaves_other_draws_alone():
+    """Someone else drew from the generator after the tape's last fill: no rewind over their draw."""
+    g = torch.Generator().manual_seed(9)
+    tape = sampling.NoiseTape(g, 64)
+    tape.noise(11)
+    tape.spend(4)
+    torch.rand(3, generator=g)  # e.g. another thread on a shared generator
+    after = g.get_state()
+    tape.finish()
+    assert torch.equal(g.get_state(), after)
+
+
 def test_sampled_generation_draws_through_the_tape():
     dec = goose.compose(ToyCausalLM(V), None, sources=["pld", "tr"], policy="spine", budget=8)
     seen = []

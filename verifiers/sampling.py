@@ -237,12 +237,15 @@ class NoiseTape:
         self.fills: list[torch.Tensor] = []  # fills[i]: q of token base + i, [1, vocab] float32
         self.states: list[torch.Tensor] = []  # states[i]: generator state before fills[i]
         self.used = 0  # tokens whose draw has been made (their fills are spent)
+        self.last: torch.Tensor | None = None
 
     def noise(self, j: int) -> torch.Tensor:
         """q of generated token j (0-based), drawing every fill up to it first."""
-        while self.base + len(self.fills) <= j:
-            self.states.append(self.gen.get_state())
-            self.fills.append(torch.empty((1, self.vocab), dtype=torch.float32).exponential_(generator=self.gen))
+        if self.base + len(self.fills) <= j:
+            while self.base + len(self.fills) <= j:
+                self.states.append(self.gen.get_state())
+                self.fills.append(torch.empty((1, self.vocab), dtype=torch.float32).exponential_(generator=self.gen))
+            self.last = self.gen.get_state()  # where the tape left the generator
         return self.fills[j - self.base]
 
     def spend(self, j: int) -> None:
@@ -256,9 +259,15 @@ class NoiseTape:
             self.base += drop
 
     def finish(self) -> None:
-        """Rewind the generator to just after the fills that were spent (drawn-ahead ones are undone)."""
+        """Rewind the generator to just after the fills that were spent (drawn-ahead ones are undone).
+
+        Only when nothing else drew from it since the tape's last fill: another thread sharing
+        torch's global generator (or a streamer drawing from it) keeps its draws, and no fill is
+        handed out twice. (Concurrent calls on one global generator are not seed-reproducible, as
+        with transformers; give each its own ``seed=`` or ``generator=``.)
+        """
         i = self.used - self.base
-        if 0 <= i < len(self.states):
+        if 0 <= i < len(self.states) and self.last is not None and torch.equal(self.gen.get_state(), self.last):
             self.gen.set_state(self.states[i])
         self.fills.clear()
         self.states.clear()
