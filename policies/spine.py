@@ -123,7 +123,7 @@ def two_source_start(ctx: DraftContext, spine: str | None, options) -> tuple:
     confidence, the budget extended by that confidence, and the root's successors (ids, scores)."""
     chain, conf = chain_and_confidence(ctx, spine, options.confidence)
     budget = ctx.budget + int(conf * options.extension)
-    depth = 1 if getattr(options, "coupled", False) else None
+    depth = 1 if getattr(options, "coupled", False) else None  # the isotropic policies have no such option
     ids, scores, _ = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor, depth)
     return chain, conf, budget, ids, scores
 

@@ -23,16 +23,21 @@ from goose.verifiers.sampling import Sampling, build_processors
 
 V = 16
 
+# fields both property tests draw alike
+_COMMON = {
+    "prompt": st.lists(st.integers(0, V - 1), min_size=1, max_size=30),
+    "eos": st.none() | st.integers(0, V - 1),
+    "seed": st.integers(0, 2**31 - 1),
+    "temperature": st.sampled_from([0.3, 0.7, 1.0, 1.5]),
+}
+
 cases = st.fixed_dictionaries(
     {
-        "prompt": st.lists(st.integers(0, V - 1), min_size=1, max_size=30),
+        **_COMMON,
         "max_new": st.integers(0, 40),
         "budget": st.integers(1, 24),
-        "eos": st.none() | st.integers(0, V - 1),
         "tree_seed": st.integers(0, 2**31 - 1),
         "p_oracle": st.sampled_from([0.0, 0.5, 0.9, 1.0]),
-        "seed": st.integers(0, 2**31 - 1),
-        "temperature": st.sampled_from([0.3, 0.7, 1.0, 1.5]),
         "top_k": st.sampled_from([None, 0, 3, 8]),
         "top_p": st.sampled_from([None, 0.5, 0.9, 1.0]),
         "min_p": st.sampled_from([None, 0.1]),
@@ -101,12 +106,9 @@ def test_tree_sampling_equals_one_token_sampling_under_one_seed(c):
 
 coupled_cases = st.fixed_dictionaries(
     {
-        "prompt": st.lists(st.integers(0, V - 1), min_size=1, max_size=30),
+        **_COMMON,
         "max_new": st.integers(1, 40),
         "budget": st.integers(2, 24),
-        "eos": st.none() | st.integers(0, V - 1),
-        "seed": st.integers(0, 2**31 - 1),
-        "temperature": st.sampled_from([0.3, 0.7, 1.0, 1.5]),
         "top_k": st.sampled_from([None, 3, 8]),
         "top_p": st.sampled_from([None, 0.5, 0.9]),
         "policy": st.sampled_from(["spine", "spine-fit"]),

@@ -377,10 +377,12 @@ class TokenRule:
             if tape is None:
                 tok = int(torch.multinomial(probs, num_samples=1, generator=self.generator)[0, 0])
             else:
-                # multinomial's own checks, then its draw with the fill drawn ahead for this token
-                if not bool(((probs.max() < float("inf")) & (probs.min() >= 0)).item()):
+                # multinomial's own checks (in one pass: with no entry < 0 or inf, sum > 0 iff max > 0),
+                # then its draw with the fill drawn ahead for this token
+                lo, hi = (float(v) for v in torch.aminmax(probs))
+                if not (hi < float("inf") and lo >= 0):  # NaN fails both
                     raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-                if not bool(probs.sum() > 0):
+                if not hi > 0:
                     raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
                 j = self.generated + k
                 tok = int(torch.argmax(probs / tape.noise(j)))
