@@ -28,7 +28,7 @@ FULL_SIZES = (*range(1, 65), 80, 96, 128)
 # nearest compared size (the forms switch at a crossover, not back and forth)
 COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
-CURVE_VERSION = 4  # bump when the measuring method changes: cached curves are measured anew
+CURVE_VERSION = 6  # bump when the measuring method changes: cached curves are measured anew
 
 log = logging.getLogger("goose")
 
@@ -39,9 +39,10 @@ class LatencyCurve:
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
-    skinny: tuple[int, ...] = ()  # sizes whose tree pass is faster with weight @ x.T linears
+    skinny: tuple[int, ...] = ()  # sizes whose tree pass is fastest with weight @ x.T linears
     # (rows, seconds) of the LM head alone on that many rows: what the prefill's extra logit rows cost
     head: tuple[tuple[int, float], ...] = ()
+    packed: tuple[int, ...] = ()  # sizes whose tree pass is fastest with packed-weight linears
 
     def __call__(self, n: int) -> float:
         s, t = self.sizes, self.seconds
@@ -79,15 +80,31 @@ class LatencyCurve:
 
     def to_dict(self) -> dict:
         return {"sizes": list(self.sizes), "seconds": list(self.seconds), "skinny": list(self.skinny),
-                "head": [list(x) for x in self.head]}
+                "packed": list(self.packed), "head": [list(x) for x in self.head]}
 
     @classmethod
     def from_dict(cls, d: dict) -> LatencyCurve:
         head = tuple((int(r), float(t)) for r, t in d.get("head", ()))
-        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head)
+        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head, tuple(d.get("packed", ())))
+
+    def form(self, n: int) -> str:
+        """The linear layers' form a tree pass of n nodes was measured fastest in."""
+        return "skinny" if n in self.skinny else "packed" if n in self.packed else "stock"
 
 
-def _key(model) -> str:
+def _setup(setup: dict | None) -> dict:
+    """The verifier options a curve depends on, normalised: only a stock-only ``linear`` and
+    ``gqa=False`` give another curve (a forced form is run as calibrated for ``"auto"``)."""
+    setup = setup or {}
+    out = {}
+    if setup.get("linear") == "stock":
+        out["linear"] = "stock"
+    if setup.get("gqa", True) is False:
+        out["gqa"] = False
+    return out
+
+
+def _key(model, setup: dict | None = None) -> str:
     import torch
 
     cfg = getattr(model, "config", None)
@@ -115,6 +132,7 @@ def _key(model) -> str:
             # a model dispatched by accelerate (layers on other devices, offloaded to disk) is another curve
             "dispatch": sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}),
             "dispatched_modules": len(getattr(model, "hf_device_map", None) or {}),
+            **_setup(setup),
         },
         sort_keys=True,
     )
@@ -135,6 +153,7 @@ def measure(
     progress=None,
     compare_linear: bool = True,
     measure_head: bool = True,
+    setup: dict | None = None,
 ) -> LatencyCurve:
     """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n.
 
@@ -145,21 +164,22 @@ def measure(
     ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
-    then prefers the larger tree). With ``compare_linear``, round 1 times each size from 2 to 64
-    both with stock linear layers and as ``weight @ x.T`` (verifiers/skinny.py), keeps the faster
-    form for that size (``LatencyCurve.skinny``; later rounds time that form), and the verifier's
-    ``linear="auto"`` then runs each tree size in its faster form: the curve measures the
-    verifier as it will run. With ``measure_head``, the LM head alone is then timed on growing
+    then prefers the larger tree). With ``compare_linear``, round 1 times each compared size
+    from 2 to 64 with stock linear layers, as ``weight @ x.T`` and, where MKL's packed GEMM is
+    available for the model's weights, on packed weights (verifiers/skinny.py), keeps the fastest
+    form for that size (``LatencyCurve.skinny`` / ``.packed``; later rounds time that form), and
+    the verifier's ``linear="auto"`` then runs each tree size in its fastest form: the curve
+    measures the verifier as it will run. With ``measure_head``, the LM head alone is then timed on growing
     row counts (:func:`_measure_head`): what the prefill's extra logit rows cost. ``progress(text)``
     is called as it goes.
     """
     import torch
 
     from goose.tree import DraftTree
-    from goose.verifiers.greedy import GreedyTreeVerifier
+    from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
 
     t_start = time.perf_counter()
-    v = GreedyTreeVerifier()
+    v = GreedyTreeVerifier(TreeVerifierOptions(gqa=_setup(setup).get("gqa", True)))
     v.bind(model)
     vocab = v.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -180,31 +200,33 @@ def measure(
         toks = torch.randint(0, vocab, (n,), generator=g).tolist()
         trees[n] = DraftTree.from_chain(toks[0], toks[1:], "x")
 
+    from goose.verifiers import skinny as skinny_mod
     from goose.verifiers.skinny import MAX_ROWS
 
-    def once(n: int, skinny: bool = False) -> float:
+    def once(n: int, form: str | None = None) -> float:
         tree = trees[n]
         mask = tree.attention_mask(v.past_len, dtype=v.dtype, device=v.device) if n > 1 else None
         pos = tree.position_ids(v.past_len, device=v.device)
         ids = torch.tensor([tree.tokens], device=v.device)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            v._forward(ids, mask, pos, reroute=skinny)
+            v._forward(ids, mask, pos, form=form)
         dt = time.perf_counter() - t0
         v.cache.crop(-n)
         return dt
 
-    # both forms of the linear layers are timed where the verifier may use either
-    can = compare_linear and bool(v._linears)
+    # the forms of the linear layers the verifier may use are timed against stock
+    forms = []
+    if compare_linear and v._linears:
+        forms.append("skinny")
+        if skinny_mod.packed_available(v._linears):
+            forms.append("packed")
     compared = [c for c in COMPARE if c <= MAX_ROWS]
 
-    def both(n: int) -> bool:
-        return can and n in compared
-
-    def nearest(n: int, form: dict) -> bool:
+    def nearest(n: int, form: dict) -> str | None:
         known = [c for c in compared if c in form]
-        if not can or not known or not (2 <= n <= MAX_ROWS):
-            return False
+        if not forms or not known or not (2 <= n <= MAX_ROWS):
+            return None
         return form[min(known, key=lambda c: (abs(c - n), c))]
 
     say = progress or (lambda text: None)
@@ -214,21 +236,24 @@ def measure(
     stock_mid = once(mid)
     # a form far slower at a middle size is not compared at the others (bfloat16 with AVX2 kernels:
     # weight @ x.T is several times slower, and timing it at every compared size doubles the wait)
-    if both(mid) and once(mid, True) > 1.5 * stock_mid:
-        can = False
+    if mid >= 2:
+        for f in list(forms):
+            once(mid, f)  # untimed: a form's first pass (the packed form packs the weights here)
+            if once(mid, f) > 1.5 * stock_mid:
+                forms.remove(f)
     times: dict[int, list[float]] = {}
-    form: dict[int, bool] = {}  # size -> skinny form faster
+    form: dict[int, str | None] = {}  # size -> fastest form (None: stock)
     t1 = min(once(1) for _ in range(3))
     for n in sizes:  # round 1: up to the size where trees stop paying
-        if both(n):
-            dt, ds = once(n), once(n, True)
-            form[n] = ds < dt
-            dt = min(dt, ds)
+        if forms and n in compared:
+            timed = {None: once(n), **{f: once(n, f) for f in forms}}
+            form[n] = min(timed, key=timed.get)
+            dt = timed[form[n]]
         else:
             form[n] = nearest(n, form)
             dt = once(n, form[n])
         times[n] = [dt]
-        say(f"size {n}: {1000 * dt:.1f} ms{' (skinny)' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
+        say(f"size {n}: {1000 * dt:.1f} ms{f' ({form[n]})' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
         if n > 1 and dt > stop_ratio * t1:
             break
         if n >= 4 and time.perf_counter() - t_start + dt > 0.8 * budget_s:  # the next size costs at least dt
@@ -246,7 +271,10 @@ def measure(
     med = [statistics.median(times[n]) for n in kept]
     head = _measure_head(model, v, med[0], say, t_start, g) if measure_head else ()
     v.end()
-    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n]), head)
+    if "packed" not in form.values():  # the packs are memory the verifier will not read
+        skinny_mod.release_packs(v._linears)
+    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n] == "skinny"), head,
+                        tuple(n for n in kept if form[n] == "packed"))
 
 
 HEAD_ROWS = (1, 8, 32, 128, 256)
@@ -317,13 +345,13 @@ def describe(model) -> str:
         return str(name)
 
 
-def curve_path(model) -> Path:
-    return cache_dir() / f"{_key(model)}.json"
+def curve_path(model, setup: dict | None = None) -> Path:
+    return cache_dir() / f"{_key(model, setup)}.json"
 
 
-def cached_curve(model) -> LatencyCurve | None:
+def cached_curve(model, setup: dict | None = None) -> LatencyCurve | None:
     """The cached curve for this model and setting, or None (never measures)."""
-    path = curve_path(model)
+    path = curve_path(model, setup)
     if not path.exists():
         return None
     try:
@@ -332,15 +360,23 @@ def cached_curve(model) -> LatencyCurve | None:
         return None
 
 
-def curve_for(model, use_cache: bool = True, force: bool = False, **measure_kw) -> LatencyCurve:
+def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | None = None, **measure_kw) -> LatencyCurve:
     """The cached curve for this (model, dtype, device, threads), measured on first use.
 
+    ``setup`` holds the verifier's kernel options (``linear``, ``gqa``): ``linear="stock"`` measures
+    (and caches apart) a curve of stock linear layers only, the verifier's cost when it is told not
+    to reroute, and ``gqa=False`` one whose tree passes copy grouped key/value heads as transformers
+    does; otherwise the curve of the fastest form per size that ``linear="auto"`` runs.
     Measuring prints a progress line on stderr (and logs it to the ``goose`` logger);
     ``goose calibrate`` does it ahead of time.
     """
-    path = curve_path(model)
+    setup = _setup(setup)
+    if setup.get("linear") == "stock":
+        measure_kw["compare_linear"] = False
+    measure_kw["setup"] = setup
+    path = curve_path(model, setup)
     if use_cache and not force:
-        cached = cached_curve(model)
+        cached = cached_curve(model, setup)
         if cached is not None:
             return cached
     say, done = _progress_printer(describe(model))
@@ -349,7 +385,9 @@ def curve_for(model, use_cache: bool = True, force: bool = False, **measure_kw) 
     done(
         f"measured in {time.perf_counter() - t0:.1f} s: t(1) = {1000 * curve(1):.1f} ms, "
         f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
-        + (f"; weight @ x.T faster at {len(curve.skinny)} sizes" if curve.skinny else "; stock linear layers everywhere")
+        + (f"; weight @ x.T fastest at {len(curve.skinny)} sizes" if curve.skinny else "")
+        + (f"; packed weights fastest at {len(curve.packed)} sizes" if curve.packed else "")
+        + ("; stock linear layers everywhere" if not (curve.skinny or curve.packed) else "")
         + (f"; cached in {path}" if use_cache else "")
     )
     if use_cache:

@@ -117,6 +117,7 @@ class FitPolicy(TreePolicy):
             raise InvalidInputError(f"fit cannot wrap itself (inner={o.inner!r}). Hint: inner='spine'.")
         self.inner: TreePolicy = build_inner(o.inner, o.inner_options)
         self.curve = None
+        self.verifier_setup: dict = {}  # the verifier's kernel options (compose sets them): which curve to trust
         if o.latency:
             from goose.latency import LatencyCurve
 
@@ -135,7 +136,7 @@ class FitPolicy(TreePolicy):
         if self.curve is None:
             from goose.latency import curve_for
 
-            self.curve = curve_for(model)
+            self.curve = curve_for(model, setup=self.verifier_setup)
         self._t = self.curve.table(512)
 
     def max_nodes(self, budget: int) -> int:

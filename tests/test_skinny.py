@@ -69,12 +69,12 @@ def test_auto_uses_the_calibrated_sizes(monkeypatch):
 
     model = get("llama")
     curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), skinny=(4,))
-    monkeypatch.setattr(latency, "cached_curve", lambda m: curve)
+    monkeypatch.setattr(latency, "cached_curve", lambda m, setup=None: curve)
     dec = goose.compose(model, None, sources=["pld"], policy="chain", budget=8)
     v = dec.verifier
-    assert v._use_skinny(4) and not v._use_skinny(2) and not v._use_skinny(1)
+    assert v._form_for(4) == "skinny" and v._form_for(2) is None and v._form_for(1) is None
     stock = goose.compose(model, None, sources=["pld"], policy="chain", budget=8, verifier_options={"linear": "stock"})
-    assert not stock.verifier._use_skinny(4)
+    assert stock.verifier._form_for(4) is None
 
 
 def test_calibration_times_both_forms():

@@ -9,6 +9,7 @@ public ``layers[i].keys/values`` tensors and ``crop``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from typing import Literal
@@ -20,7 +21,8 @@ from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
 from goose.interfaces import Options, Verified, Verifier
 from goose.tree import DraftTree
-from goose.verifiers import sampling, skinny
+from goose.verifiers import attention, sampling, skinny
+from goose.verifiers import cache as kv_cache
 
 # Attention implementations that honour an arbitrary 4-D additive mask.
 MASK_HONOURING = ("eager", "sdpa")
@@ -31,11 +33,24 @@ ROOT_PREDECESSOR_ROUTES = frozenset({"single", "chain", "bypass"})
 
 
 class TreeVerifierOptions(Options):
-    linear: Literal["auto", "stock", "skinny"] = Field(
+    linear: Literal["auto", "stock", "skinny", "packed"] = Field(
         "auto",
-        description="linear layers of tree passes (2-64 nodes): 'stock' F.linear; 'skinny' weight @ x.T "
-        "(verifiers/skinny.py); 'auto' the faster per tree size, as the cached latency calibration measured "
+        description="linear layers of tree passes (2-64 nodes): 'stock' F.linear; 'skinny' weight @ x.T; "
+        "'packed' MKL's GEMM on weights packed once (float32 CPU; about twice the weights' memory) "
+        "(verifiers/skinny.py); 'auto' the fastest per tree size, as the cached latency calibration measured "
         "(stock where none is cached). One-token steps always run stock",
+    )
+    gqa: bool = Field(
+        True,
+        description="on the CPU with sdpa attention, tree passes let torch's kernel read shared key/value "
+        "heads in place instead of transformers copying the cache per layer (verifiers/attention.py; the "
+        "same logits to the bit)",
+    )
+    headroom: bool = Field(
+        True,
+        description="the key/value cache appends each step's rows into a buffer with room to grow, instead "
+        "of transformers' DynamicLayer copying the whole cache per layer and step (verifiers/cache.py; the "
+        "same logits to the bit)",
     )
 
 
@@ -80,7 +95,15 @@ class GreedyTreeVerifier(Verifier):
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._linears = skinny.linears(model) if self.options.linear != "stock" else []
-        self._skinny_sizes: frozenset[int] | None = None  # resolved on the first tree pass ("auto")
+        if self.options.linear == "packed" and not skinny.packed_available(self._linears):
+            raise UnsupportedModelError(
+                "verifier option linear='packed' needs float32 linear layers on the CPU, a torch built "
+                "with MKL, and about twice the linear weights' size in free memory (a quarter of what "
+                f"is available: {skinny.available_memory() / 2**30:.1f} GiB); this model or machine has "
+                "not. Allowed here: 'auto', 'stock', 'skinny'. Hint: leave linear='auto', which uses "
+                "packed weights only where they are available and measured faster."
+            )
+        self._forms: dict[int, str] | None = None  # tree size -> form, resolved on the first tree pass ("auto")
         # transformers' causal LMs compute the LM head for the last k positions only when told.
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         try:
@@ -91,6 +114,8 @@ class GreedyTreeVerifier(Verifier):
         if not self.dtype.is_floating_point:
             self.dtype = torch.float32
         self.device = input_device(model, self.device)
+        # tree passes on the CPU read grouped-query heads in place (verifiers/attention.py)
+        self._gqa = impl == "sdpa" and self.device.type == "cpu" and self.options.gqa and attention.install()
 
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
         total = prompt_len + max_new_tokens + max_depth
@@ -107,42 +132,57 @@ class GreedyTreeVerifier(Verifier):
         from transformers import DynamicCache
 
         try:
-            return DynamicCache(config=self.model.config)
+            cache = DynamicCache(config=self.model.config)
         except TypeError:  # older signature
-            return DynamicCache()
+            cache = DynamicCache()
+        return kv_cache.with_headroom(cache) if self.options.headroom else cache
 
-    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, reroute: bool = False):
+    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, form: str | None = None):
         kw = {self._cache_kw: self.cache}
         if keep is not None and self._keep_kw is not None and keep < input_ids.shape[1]:
             kw[self._keep_kw] = keep
-        if reroute and self._linears:
-            with skinny.rerouted(self.model, self._linears):
-                out = self.model(
-                    input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
-                )
-        else:
+        with contextlib.ExitStack() as scope:
+            if form and self._linears:
+                scope.enter_context(skinny.rerouted(self.model, self._linears, form))
+            if attention_mask is not None and self._gqa:
+                scope.enter_context(attention.tree_pass())
             out = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
             )
         return out.logits[0]
 
-    def _use_skinny(self, n: int) -> bool:
-        """Whether a tree pass of n nodes runs its linear layers as weight @ x.T."""
+    def _form_for(self, n: int) -> str | None:
+        """The form a tree pass of n nodes runs its linear layers in ("skinny", "packed"; None: stock)."""
         if not self._linears or not (2 <= n <= skinny.MAX_ROWS):
-            return False
-        if self.options.linear == "skinny":
-            return True
-        if self._skinny_sizes is None:
+            return None
+        if self.options.linear in skinny.FORMS:
+            return self.options.linear
+        if self._forms is None:
+            self._resolve_forms()
+        return self._forms.get(n)
+
+    def _resolve_forms(self) -> None:
+        """Each tree size's form, from the cached latency calibration ("auto"); the packed weights
+        are made here, at the prefill, so that no tree pass pays for packing."""
+        forms: dict[int, str] = {}
+        if self._linears and self.options.linear == "auto":
             from goose.latency import cached_curve
 
-            curve = cached_curve(self.model)
-            self._skinny_sizes = frozenset(curve.skinny) if curve is not None else frozenset()
-        return n in self._skinny_sizes
+            curve = cached_curve(self.model, {"gqa": self.options.gqa})
+            if curve is not None:
+                forms.update({k: "skinny" for k in curve.skinny})
+                if curve.packed and skinny.packed_available(self._linears):
+                    forms.update({k: "packed" for k in curve.packed})
+        if "packed" in forms.values() or self.options.linear == "packed":
+            skinny.prepack(self._linears)
+        self._forms = forms
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:
         """The prompt in one forward; logits for the last ``keep`` positions only (None: all)."""
         self.timers = {"mask": 0.0, "forward": 0.0, "walk": 0.0, "commit": 0.0, "prefill_forward": 0.0}
+        if self._forms is None:
+            self._resolve_forms()
         self.cache = self._new_cache()
         ids = prompt_ids.to(self.device).view(1, -1)
         n = ids.shape[1]
@@ -176,11 +216,11 @@ class GreedyTreeVerifier(Verifier):
             mask = tree.attention_mask(past, dtype=self.dtype, device=self.device)
             pos = tree.position_ids(past, device=self.device)
         t1 = time.perf_counter()
-        reroute = tree.num_nodes > 1 and self._use_skinny(tree.num_nodes)
-        logits = self._forward(ids, mask, pos, reroute=reroute)
+        form = self._form_for(tree.num_nodes) if tree.num_nodes > 1 else None
+        logits = self._forward(ids, mask, pos, form=form)
         t2 = time.perf_counter()
-        if reroute:
-            tm["skinny_passes"] = tm.get("skinny_passes", 0) + 1
+        if form:
+            tm[f"{form}_passes"] = tm.get(f"{form}_passes", 0) + 1
         argmax = top1(logits)
         rule = self.rule
         if rule is None:

@@ -43,6 +43,11 @@ PRESETS: dict[str, dict] = {
         "policy": "spine-fit",
         "policy_options": {"inner_options": {"inner_options": {"coupled": False}}},
     },
+    # tree passes on stock kernels only: stock linear layers (no packed weights), grouped key/value
+    # heads copied as transformers does; fitted to that curve (the verifier before this stop), for
+    # interleaved comparisons
+    "spine-fit-stock": {"sources": ["pld", "tr"], "policy": "spine-fit",
+                        "verifier_options": {"linear": "stock", "gqa": False}},
     # the default before issue 11 (optimistic prior, whole-tree exploration, no observed-time or
     # gain correction, every prompt position harvested), for interleaved comparisons
     "spine-fit-prev": {

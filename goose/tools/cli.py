@@ -114,7 +114,7 @@ def _cmd_calibrate(args) -> int:
     t1 = curve(1)
     print("| n | ms | x t(1) | linear layers |\n|---|---|---|---|")
     for n in curve.sizes:
-        form = "weight @ x.T" if n in curve.skinny else "stock"
+        form = {"skinny": "weight @ x.T", "packed": "packed weights"}.get(curve.form(n), "stock")
         print(f"| {n} | {1000 * curve(n):.1f} | {curve(n) / t1:.2f} | {form} |")
     if args.json:
         with open(args.json, "w") as f:

@@ -1,0 +1,152 @@
+"""The verifier's CPU kernels for tree passes: grouped-query attention read in place
+(verifiers/attention.py), a cache that appends in place (verifiers/cache.py) and packed-weight
+linear layers (verifiers/skinny.py). The first two must leave every logit unchanged to the bit;
+the third computes the same products to float32 rounding and must stay lossless."""
+
+import threading
+
+import pytest
+import torch
+
+import goose
+from goose.errors import UnsupportedModelError
+from goose.tree import DraftTree
+from goose.verifiers import attention, skinny
+from goose.verifiers.cache import HeadroomLayer
+from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+
+from test_hf_architectures import get, hf_greedy, tiny
+
+
+def _tree_logits(model, opts: dict, prompt, trees, commit_first: bool = True):
+    """Logits of each tree pass in turn over one cache (committing the root of each)."""
+    v = GreedyTreeVerifier(TreeVerifierOptions(**opts))
+    v.bind(model)
+    v.prefill(torch.tensor(prompt), keep=1)
+    out = []
+    for toks, parents in trees:
+        tree = DraftTree.build(toks, parents, "x")
+        with torch.inference_mode():
+            lg = v._forward(torch.tensor([tree.tokens]), tree.attention_mask(v.past_len, dtype=v.dtype),
+                            tree.position_ids(v.past_len))
+        out.append(lg.clone())
+        v.commit(v.past_len, (0,), tree.num_nodes)  # keep the root, drop the rest (a crop)
+        v.past_len += 1
+    return out, v
+
+
+TREES = [([5, 6, 7], [-1, 0, 0]), ([8, 9, 10, 11, 12], [-1, 0, 1, 0, 3]), ([13, 14], [-1, 0]),
+         ([15] + list(range(20, 90)), [-1] + [0] * 70)]  # the last outgrows the first headroom
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_gqa_in_place_and_headroom_leave_every_logit_unchanged(arch):
+    model = get(arch)
+    assert getattr(model.model.layers[0].self_attn, "num_key_value_groups", 1) > 1  # the case that copied
+    prompt = list(range(1, 40))
+    trees = TREES if arch != "gemma3" else TREES[:3]  # gemma3's sliding window is 64 positions
+    stock, _ = _tree_logits(model, {"gqa": False, "headroom": False}, prompt, trees)
+    fast, v = _tree_logits(model, {"gqa": True, "headroom": True}, prompt, trees)
+    assert v._gqa
+    assert any(isinstance(layer, HeadroomLayer) for layer in v.cache.layers)
+    for a, b in zip(stock, fast):
+        assert torch.equal(a, b)
+
+
+def test_the_gqa_function_is_only_taken_inside_a_tree_pass_of_this_thread(monkeypatch):
+    model = get("llama")
+    attention.install()
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        calls.append((threading.get_ident(), bool(k.get("enable_gqa"))))
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    mask = torch.zeros(1, 1, 4, 4, dtype=torch.float64)
+    with torch.inference_mode():
+        model(input_ids=ids, attention_mask=mask)  # outside a tree pass: transformers' own path
+        assert calls and not any(g for _, g in calls)
+        calls.clear()
+        seen = {}
+
+        def other():
+            with torch.inference_mode():
+                model(input_ids=ids, attention_mask=mask)
+            seen["gqa"] = any(g for t, g in calls if t == threading.get_ident())
+
+        with attention.tree_pass():
+            model(input_ids=ids, attention_mask=mask)
+            th = threading.Thread(target=other)
+            th.start()
+            th.join()
+    assert any(g for t, g in calls if t == threading.get_ident())
+    assert seen["gqa"] is False
+
+
+def test_headroom_layer_grows_crops_and_resets():
+    layer = HeadroomLayer()
+    k = torch.randn(1, 2, 3, 4)
+    keys, values = layer.update(k, k + 1)
+    assert torch.equal(keys, k) and layer.get_seq_length() == 3
+    big = torch.randn(1, 2, 200, 4)
+    keys, _ = layer.update(big, big)  # past the first buffer: reallocated, contents kept
+    assert torch.equal(keys, torch.cat([k, big], dim=-2)) and layer.get_seq_length() == 203
+    layer.crop(-5)
+    assert layer.get_seq_length() == 198 and torch.equal(layer.keys, torch.cat([k, big], dim=-2)[:, :, :198])
+    keys, _ = layer.update(k, k)
+    assert torch.equal(keys[:, :, 198:], k)
+    with pytest.raises(ValueError, match="negative"):
+        layer.crop(3)
+    layer.reset()
+    assert layer.get_seq_length() == 0
+
+
+def _f32(arch):
+    m = tiny(arch)
+    return m.to(torch.float32)
+
+
+@pytest.mark.skipif(not skinny.packed_available([torch.nn.Linear(4, 4)]), reason="no MKL packed GEMM in this torch")
+@pytest.mark.parametrize("arch,policy", [("llama", "spine"), ("qwen2", "spine")])
+def test_packed_tree_passes_are_lossless(arch, policy):
+    model = _f32(arch)
+    prompt = [5, 17, 33, 5, 17, 33, 5, 17, 60, 2, 5, 17]
+    want = hf_greedy(model, prompt, 20)
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy=policy, budget=24,
+                        verifier_options={"linear": "packed"})
+    out = dec.generate(prompt, max_new_tokens=20)
+    assert out.token_ids == want
+    vstats = out.stats.extra["verifier"]
+    trees = sum(v for k, v in out.stats.routes.items() if k != "single")
+    assert trees > 0 and vstats.get("packed_passes", 0) == trees
+    assert all("forward" not in m.__dict__ for m in skinny.linears(model))  # the reroute is temporary
+
+
+@pytest.mark.skipif(not skinny.packed_available([torch.nn.Linear(4, 4)]), reason="no MKL packed GEMM in this torch")
+def test_packed_form_computes_the_same_product_and_repacks_a_changed_weight():
+    lin = torch.nn.Linear(24, 40)
+    x = torch.randn(1, 7, 24)
+    with torch.inference_mode(), skinny.rerouted(lin, [lin], "packed"):
+        y = lin(x)
+        one = lin(x[:, :1])  # one row: exactly F.linear
+    assert torch.allclose(y, torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    assert torch.equal(one, torch.nn.functional.linear(x[:, :1], lin.weight, lin.bias))
+    with torch.no_grad():
+        lin.weight.mul_(2.0)  # in place: the version counter moves, the pack is made again
+    with torch.inference_mode(), skinny.rerouted(lin, [lin], "packed"):
+        y2 = lin(x)
+    assert torch.allclose(y2, torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    skinny.release_packs([lin])
+    assert lin not in skinny._packs
+
+
+def test_packed_is_refused_where_it_cannot_serve():
+    model = get("llama")  # float64: MKL's packed GEMM is float32 only
+    with pytest.raises(UnsupportedModelError, match="linear='packed'.*float32.*Hint: leave linear='auto'"):
+        goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"linear": "packed"})
+    with pytest.raises(ValueError, match="not one of"):
+        with skinny.rerouted(model, None, "fast"):
+            pass

@@ -1,0 +1,112 @@
+"""A key/value cache layer that appends in place: transformers' ``DynamicLayer`` with headroom.
+
+``DynamicLayer.update`` appends a step's keys and values with ``torch.cat``, which copies the
+layer's whole cache on every forward: for SmolLM2 with 256 cached positions, 60 copies of 0.2 MB
+per step, about 2 ms of a 33 ms one-token forward on this project's CPUs, and the copy grows with
+the context. :class:`HeadroomLayer` keeps each layer's keys and values in a buffer with room to
+grow (doubling when full) and writes a step's rows into it; ``keys`` and ``values`` are views of
+the filled part, so everything that reads the cache (the model's attention, Goose's commit, which
+gathers accepted rows through ``keys`` / ``values``, and ``crop``) sees what it saw before. The
+values are the same; attention reads them through a strided view, and its output is unchanged to
+the bit (``tests/test_verifier.py`` compares every logit of tree passes with and without headroom).
+
+:func:`with_headroom` swaps the plain dynamic layers of a fresh ``DynamicCache`` for these; a
+sliding-window or any other layer class is left as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+MIN_ROOM = 64  # positions of headroom at least, per (re)allocation
+
+
+class HeadroomLayer(DynamicLayer):
+    """``DynamicLayer`` whose ``update`` writes into a preallocated buffer instead of concatenating."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._kbuf = self._vbuf = None
+        self._len = 0
+
+    def _grow(self, need: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        cap = max(need + MIN_ROOM, 2 * need)
+        b, h, _, dk = key_states.shape
+        dv = value_states.shape[-1]
+        kb = torch.empty((b, h, cap, dk), dtype=key_states.dtype, device=key_states.device)
+        vb = torch.empty((b, h, cap, dv), dtype=value_states.dtype, device=value_states.device)
+        if self._len:
+            kb[:, :, : self._len] = self.keys
+            vb[:, :, : self._len] = self.values
+        self._kbuf, self._vbuf = kb, vb
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, new = self._len, key_states.shape[-2]
+        kb = self._kbuf
+        if (
+            kb is None
+            or n + new > kb.shape[-2]
+            or kb.shape[:2] != key_states.shape[:2]
+            or kb.dtype != key_states.dtype
+            or kb.device != key_states.device
+        ):
+            self._grow(n + new, key_states, value_states)
+        self._kbuf[:, :, n : n + new] = key_states
+        self._vbuf[:, :, n : n + new] = value_states
+        self._len = n + new
+        self.keys = self._kbuf[:, :, : self._len]
+        self.values = self._vbuf[:, :, : self._len]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._len if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(
+                f"crop({tokens_to_remove}): a positive value is not supported; pass a negative number of "
+                "trailing positions to remove"
+            )
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        self._len = max(0, self._len - abs(tokens_to_remove))
+        self.keys = self._kbuf[:, :, : self._len]
+        self.values = self._vbuf[:, :, : self._len]
+
+    def reset(self) -> None:
+        self._kbuf = self._vbuf = None
+        self._len = 0
+        super().reset()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:  # not used by Goose (batch 1); kept correct
+        super().batch_repeat_interleave(repeats)
+        self._adopt()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._adopt()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """After a parent method replaced ``keys`` / ``values``: they become the buffer."""
+        if self.is_initialized and self.keys is not None and self.keys.numel():
+            self._kbuf, self._vbuf = self.keys, self.values
+            self._len = self.keys.shape[-2]
+
+
+def with_headroom(cache):
+    """``cache`` with each plain ``DynamicLayer`` (exactly that class, still empty) replaced by a
+    :class:`HeadroomLayer`; returns the cache."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        return cache
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            layers[i] = HeadroomLayer()
+    return cache
