@@ -345,6 +345,45 @@ def test_torch_draws_one_sample_as_argmax_of_p_over_exponential_noise():
     assert torch.equal(g1.get_state(), g2.get_state())
 
 
+def test_raw_fills_are_torchs_exponential_fills_to_the_bit():
+    """The fills drawn through numpy's engine: values and generator state as torch's exponential_."""
+    assert sampling._probe_raw_fills()
+    g, ref = torch.Generator().manual_seed(123), torch.Generator().manual_seed(123)
+    tape = sampling.NoiseTape(g, 49152)
+    assert tape.raw
+    for j in range(4):
+        want = torch.empty((1, 49152)).exponential_(generator=ref)
+        ids = [0, 17, 49151, 30000]
+        assert np.array_equal(tape.noise_at(j, ids), want.numpy()[0, ids])  # read before the whole fill exists
+        assert torch.equal(tape.noise(j), want)
+    assert torch.equal(g.get_state(), ref.get_state())
+
+
+def test_draw_over_the_support_is_the_full_argmax():
+    """tape.draw: argmax(probs / q) over the nonzero entries equals the division over the whole row."""
+    g = torch.Generator().manual_seed(4)
+    tape = sampling.NoiseTape(g, 3000)
+    for j in range(30):
+        logits = torch.randn(1, 3000, generator=torch.Generator().manual_seed(j)) * 2
+        keep = torch.topk(logits, 1 + j % 40).indices
+        masked = torch.full_like(logits, -float("inf")).scatter(1, keep, logits.gather(1, keep))
+        probs = torch.softmax(masked, -1)
+        full = int(torch.argmax(probs / sampling._Fill(tape._fill(j).raw).tensor()))
+        assert tape.draw(j, probs) == full
+
+
+def test_draw_with_a_zero_in_the_fill_divides_the_whole_row():
+    """An exactly-0 noise entry (u == 0) off the support makes torch's p / q NaN there; the draw does as torch."""
+    raw = np.random.MT19937(1).random_raw(2 * 8)
+    raw[2 * 5], raw[2 * 5 + 1] = 0, 0  # element 5: u == 0, q == 0
+    fill = sampling._Fill(raw)
+    assert fill.has_zero() and fill.at([5])[0] == 0.0
+    tape = sampling.NoiseTape(torch.Generator().manual_seed(0), 8)
+    tape.fills, tape.states = [fill], [tape.gen.get_state()]
+    probs = torch.tensor([[0.5, 0.5, 0, 0, 0, 0, 0, 0]])
+    assert tape.draw(0, probs) == int(torch.argmax(probs / fill.tensor())) == 5  # NaN is torch's maximum
+
+
 def test_noise_tape_rewinds_fills_drawn_ahead():
     g, ref = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     tape = sampling.NoiseTape(g, 64)
@@ -405,8 +444,8 @@ def test_noise_view_orders_successors_by_the_draw():
 
 def test_fault_noise_of_the_wrong_token(monkeypatch):
     """The noise drawn ahead must be the fill of the token being drawn: one fill off and the property fails."""
-    real = sampling.NoiseTape.noise
-    monkeypatch.setattr(sampling.NoiseTape, "noise", lambda self, j: real(self, j + 1))
+    real = sampling.NoiseTape._fill
+    monkeypatch.setattr(sampling.NoiseTape, "_fill", lambda self, j: real(self, j + 1))
     assert _fails_somewhere(monkeypatch, sampling.rule_walk) > 0
 
 

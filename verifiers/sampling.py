@@ -215,6 +215,113 @@ def gumbel_draws_match() -> bool:
     return _GUMBEL[0]
 
 
+_MASK53 = np.uint64((1 << 53) - 1)
+_TWO_M53 = 2.0**-53
+_STATE_BYTES = 5056  # torch's CPU generator state: the legacy struct around mt19937's 624 words
+
+
+def _numpy_mt(state: torch.Tensor):
+    """numpy's ``MT19937`` at the point of torch's CPU generator ``state`` (the same engine)."""
+    buf = state.numpy()
+    left = int(buf[8:12].view(np.int32)[0])
+    nxt = int(buf[16:24].view(np.uint64)[0])
+    key = buf[24 : 24 + 624 * 8].view(np.uint64).astype(np.uint32)
+    bg = np.random.MT19937()
+    # torch reads word `next` unless `left` says the block is spent (then it twists first)
+    bg.state = {"bit_generator": "MT19937", "state": {"key": key, "pos": 624 if left == 1 else nxt}}
+    return bg
+
+
+def _torch_state(bg, like: torch.Tensor) -> torch.Tensor:
+    """torch's generator state for numpy ``bg``'s engine, the other fields as in ``like``."""
+    st = bg.state["state"]
+    pos = int(st["pos"])
+    out = like.clone()
+    buf = out.numpy()
+    buf[8:12].view(np.int32)[0] = 625 - pos
+    buf[16:24].view(np.uint64)[0] = pos
+    buf[24 : 24 + 624 * 8].view(np.uint64)[:] = st["key"]
+    return out
+
+
+class _Fill:
+    """One token's exponential fill, kept as the generator's raw words until values are read.
+
+    torch's ``exponential_`` on a CPU float tensor draws, per element in order, one 64-bit word
+    (two mt19937 outputs, high then low), takes its low 53 bits as ``u`` in [0, 1) and stores
+    ``float32(-log1p(-u))``. numpy's ``MT19937`` is the same engine and draws the words 3-4 times
+    faster; the values are computed only where a draw or a draft reads them (the few tokens a
+    top-k / top-p filter leaves), with the same double-precision ``log1p``, so they are the same to
+    the bit (:func:`_probe_raw_fills` checks it once per process).
+    """
+
+    __slots__ = ("raw", "q")
+
+    def __init__(self, raw: np.ndarray | None = None, q: torch.Tensor | None = None):
+        self.raw = raw  # uint64 words, two per element (None: q given)
+        self.q = q  # the [1, vocab] float32 fill, once materialised
+
+    def _u(self, idx=None) -> np.ndarray:
+        hi, lo = self.raw[0::2], self.raw[1::2]
+        if idx is not None:
+            hi, lo = hi[idx], lo[idx]
+        return (((hi << np.uint64(32)) | lo) & _MASK53).astype(np.float64) * _TWO_M53
+
+    def at(self, idx) -> np.ndarray:
+        """float32 values of the fill at these element indices."""
+        if self.q is not None:
+            return self.q.numpy()[0, idx]
+        return (-np.log1p(-self._u(np.asarray(idx, dtype=np.int64)))).astype(np.float32)
+
+    def tensor(self) -> torch.Tensor:
+        if self.q is None:
+            self.q = torch.from_numpy((-np.log1p(-self._u())).astype(np.float32)).view(1, -1)
+        return self.q
+
+    def has_zero(self) -> bool:
+        """Whether some element is exactly 0 (u == 0: once in 2**53 draws), where p / q is not finite."""
+        if self.q is not None:
+            return bool((self.q == 0).any())
+        lo = self.raw[1::2]
+        if not (lo == 0).any():
+            return False
+        return bool(((self._u() == 0.0)).any())
+
+
+def _probe_raw_fills() -> bool:
+    """Whether :class:`_Fill` from numpy's engine equals torch's ``exponential_`` here, values and
+    generator state, on private generators: a fresh seed (the block not yet twisted), mid-block
+    after other draws, and several vocabulary sizes."""
+    try:
+        for seed, n, pre in ((3, 5, 0), (11, 4099, 7), (20261201, 49152, 1000), (5, 1, 3)):
+            g, h = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            if pre:
+                torch.rand(pre, generator=g)
+                torch.rand(pre, generator=h)
+            for _ in range(3):
+                want = torch.empty((1, n)).exponential_(generator=g)
+                st = h.get_state()
+                bg = _numpy_mt(st)
+                fill = _Fill(bg.random_raw(2 * n))
+                h.set_state(_torch_state(bg, st))
+                if not torch.equal(fill.tensor(), want) or not torch.equal(g.get_state(), h.get_state()):
+                    return False
+                if not np.array_equal(_Fill(fill.raw).at([0, n - 1]), want.numpy()[0, [0, n - 1]]):
+                    return False
+    except (ValueError, TypeError, KeyError, RuntimeError, IndexError):
+        return False
+    return True
+
+
+_RAW_FILLS: list[bool] = []
+
+
+def raw_fills_match() -> bool:
+    if not _RAW_FILLS:
+        _RAW_FILLS.append(_probe_raw_fills())
+    return _RAW_FILLS[0]
+
+
 class NoiseTape:
     """The exponential noise of each generated token's draw, drawn ahead from the request's generator.
 
@@ -234,19 +341,50 @@ class NoiseTape:
         self.gen = generator if generator is not None else torch.default_generator
         self.vocab = vocab
         self.base = 0  # index of the first kept fill
-        self.fills: list[torch.Tensor] = []  # fills[i]: q of token base + i, [1, vocab] float32
+        self.fills: list[_Fill] = []  # fills[i]: q of token base + i
         self.states: list[torch.Tensor] = []  # states[i]: generator state before fills[i]
         self.used = 0  # tokens whose draw has been made (their fills are spent)
         self.last: torch.Tensor | None = None
+        # the words through numpy's engine where that is torch's fill to the bit (else torch's exponential_)
+        self.raw = self.gen.device.type == "cpu" and raw_fills_match()
 
-    def noise(self, j: int) -> torch.Tensor:
-        """q of generated token j (0-based), drawing every fill up to it first."""
+    def _fill(self, j: int) -> _Fill:
+        """The fill of generated token j (0-based), drawing every fill up to it first."""
         if self.base + len(self.fills) <= j:
             while self.base + len(self.fills) <= j:
-                self.states.append(self.gen.get_state())
-                self.fills.append(torch.empty((1, self.vocab), dtype=torch.float32).exponential_(generator=self.gen))
+                st = self.gen.get_state()
+                self.states.append(st)
+                if self.raw:
+                    bg = _numpy_mt(st)
+                    fill = _Fill(bg.random_raw(2 * self.vocab))
+                    self.gen.set_state(_torch_state(bg, st))
+                else:
+                    fill = _Fill(q=torch.empty((1, self.vocab), dtype=torch.float32).exponential_(generator=self.gen))
+                self.fills.append(fill)
             self.last = self.gen.get_state()  # where the tape left the generator
         return self.fills[j - self.base]
+
+    def noise(self, j: int) -> torch.Tensor:
+        """q of generated token j (0-based) as a [1, vocab] float32 tensor, drawing every fill up to it first."""
+        return self._fill(j).tensor()
+
+    def noise_at(self, j: int, ids) -> np.ndarray:
+        """q of generated token j at the token ids ``ids`` (float32)."""
+        return self._fill(j).at(ids)
+
+    def draw(self, j: int, probs: torch.Tensor) -> int:
+        """Token j's draw from ``probs`` ([1, vocab], checked as multinomial checks it): ``argmax(probs / q)``.
+
+        Over the tokens with nonzero probability only (elsewhere ``probs / q`` is 0, below every
+        ratio on the support), unless some element of q is exactly 0, where the full division
+        decides as torch's would."""
+        f = self._fill(j)
+        if f.q is None and not f.has_zero():
+            p = probs.numpy()[0]
+            idx = np.flatnonzero(p)  # ascending: ties go to the first, as torch.argmax's do
+            if idx.size:
+                return int(idx[int(np.argmax(p[idx] / f.at(idx)))])
+        return int(torch.argmax(probs / f.tensor()))
 
     def spend(self, j: int) -> None:
         self.used = max(self.used, j + 1)
@@ -287,27 +425,20 @@ class NoiseView:
     of drafts changes, never how they are verified: the walk draws every token as before.
     """
 
-    __slots__ = ("tape", "base", "inv_t", "max_depth", "_rows")
+    __slots__ = ("tape", "base", "inv_t", "max_depth")
 
     def __init__(self, tape: NoiseTape, base: int, temperature: float | None, max_depth: int):
         self.tape = tape
         self.base = base  # index of the token at depth 1
         self.inv_t = 1.0 / float(temperature) if temperature else 1.0
         self.max_depth = max_depth  # deepest depth whose noise is read (each new fill costs a vocabulary of draws)
-        self._rows: dict = {}
-
-    def row(self, depth: int):
-        r = self._rows.get(depth)
-        if r is None:
-            r = self._rows[depth] = self.tape.noise(self.base + depth - 1).numpy()[0]
-        return r
 
     def rank(self, ids: Sequence[int], scores: Sequence[float], depth: int):
         if not 1 <= depth <= self.max_depth or len(ids) < 2:
             return ids, scores
-        q = self.row(depth)
+        q = self.tape.noise_at(self.base + depth - 1, list(ids)).tolist()
         it = self.inv_t
-        keys = [(s**it if s > 0.0 else 0.0) / max(float(q[t]), 1e-30) for t, s in zip(ids, scores)]
+        keys = [(s**it if s > 0.0 else 0.0) / max(qt, 1e-30) for qt, s in zip(q, scores)]
         total = sum(keys)
         if not total > 0.0:
             return ids, scores
@@ -385,7 +516,7 @@ class TokenRule:
                 if not hi > 0:
                     raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
                 j = self.generated + k
-                tok = int(torch.argmax(probs / tape.noise(j)))
+                tok = tape.draw(j, probs)
                 tape.spend(j)
             self.draws += 1
         else:
