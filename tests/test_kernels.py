@@ -40,7 +40,10 @@ TREES = [([5, 6, 7], [-1, 0, 0]), ([8, 9, 10, 11, 12], [-1, 0, 1, 0, 3]), ([13, 
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-def test_gqa_in_place_and_headroom_leave_every_logit_unchanged(arch):
+def test_gqa_in_place_and_headroom_leave_every_logit_unchanged(arch, monkeypatch):
+    from goose.verifiers import cache
+
+    monkeypatch.setattr(cache, "MIN_ROOM", 8)  # small buffers: the passes below reallocate them
     model = get(arch)
     assert getattr(model.model.layers[0].self_attn, "num_key_value_groups", 1) > 1  # the case that copied
     prompt = list(range(1, 40))
@@ -91,13 +94,19 @@ def test_headroom_layer_grows_crops_and_resets():
     k = torch.randn(1, 2, 3, 4)
     keys, values = layer.update(k, k + 1)
     assert torch.equal(keys, k) and layer.get_seq_length() == 3
-    big = torch.randn(1, 2, 200, 4)
+    first = layer._kbuf
+    assert first.shape[-2] == 3 + 256  # room for 256 more positions (or a quarter more, if larger)
+    big = torch.randn(1, 2, 300, 4)
     keys, _ = layer.update(big, big)  # past the first buffer: reallocated, contents kept
-    assert torch.equal(keys, torch.cat([k, big], dim=-2)) and layer.get_seq_length() == 203
+    assert layer._kbuf is not first and layer._kbuf.shape[-2] == 303 + 256
+    assert torch.equal(keys, torch.cat([k, big], dim=-2)) and layer.get_seq_length() == 303
     layer.crop(-5)
-    assert layer.get_seq_length() == 198 and torch.equal(layer.keys, torch.cat([k, big], dim=-2)[:, :, :198])
+    assert layer.get_seq_length() == 298 and torch.equal(layer.keys, torch.cat([k, big], dim=-2)[:, :, :298])
     keys, _ = layer.update(k, k)
-    assert torch.equal(keys[:, :, 198:], k)
+    assert torch.equal(keys[:, :, 298:], k)
+    long = HeadroomLayer()
+    long.update(torch.randn(1, 2, 4000, 4), torch.randn(1, 2, 4000, 4))
+    assert long._kbuf.shape[-2] == 5000  # a long prompt's cache: a quarter more, not twice
     with pytest.raises(ValueError, match="negative"):
         layer.crop(3)
     layer.reset()
