@@ -159,3 +159,13 @@ def test_packed_is_refused_where_it_cannot_serve():
     with pytest.raises(ValueError, match="not one of"):
         with skinny.rerouted(model, None, "fast"):
             pass
+
+
+def test_kernel_options_refuse_bad_values_with_what_is_allowed():
+    from goose.errors import InvalidInputError
+
+    model = get("llama")
+    with pytest.raises(InvalidInputError, match=r"gqa: Input should be a valid boolean.*'maybe'.*Allowed options: gqa, headroom, linear"):
+        goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"gqa": "maybe"})
+    with pytest.raises(InvalidInputError, match=r"linear: Input should be 'auto', 'stock', 'skinny' or 'packed' \(got 'fast'\)"):
+        goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"linear": "fast"})

@@ -69,10 +69,6 @@ def install() -> bool:
         return True
 
 
-def installed() -> bool:
-    return "inner" in _state
-
-
 @contextmanager
 def tree_pass():
     """Within the block, this thread's masked sdpa calls on the CPU read shared key/value heads in place."""

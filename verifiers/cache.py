@@ -9,7 +9,7 @@ prompt's cache takes 25% more memory, not twice as much) and writes a step's row
 the filled part, so everything that reads the cache (the model's attention, Goose's commit, which
 gathers accepted rows through ``keys`` / ``values``, and ``crop``) sees what it saw before. The
 values are the same; attention reads them through a strided view, and its output is unchanged to
-the bit (``tests/test_verifier.py`` compares every logit of tree passes with and without headroom).
+the bit (``tests/test_kernels.py`` compares every logit of tree passes with and without headroom).
 
 :func:`with_headroom` swaps the plain dynamic layers of a fresh ``DynamicCache`` for these; a
 sliding-window or any other layer class is left as it is.

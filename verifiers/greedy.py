@@ -141,10 +141,16 @@ class GreedyTreeVerifier(Verifier):
         kw = {self._cache_kw: self.cache}
         if keep is not None and self._keep_kw is not None and keep < input_ids.shape[1]:
             kw[self._keep_kw] = keep
+        reroute = bool(form and self._linears)
+        gqa = attention_mask is not None and self._gqa
+        if not (reroute or gqa):  # one-token steps and the prefill: the model as it is
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
+            ).logits[0]
         with contextlib.ExitStack() as scope:
-            if form and self._linears:
+            if reroute:
                 scope.enter_context(skinny.rerouted(self.model, self._linears, form))
-            if attention_mask is not None and self._gqa:
+            if gqa:
                 scope.enter_context(attention.tree_pass())
             out = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw

@@ -209,10 +209,15 @@ def _probe_gumbel() -> bool:
 _GUMBEL: list[bool] = []
 
 
+def _memo(store: list[bool], probe: Callable[[], bool]) -> bool:
+    """``probe()`` once per process, kept in ``store`` (tests set ``store[:] = [False]`` to turn a path off)."""
+    if not store:
+        store.append(probe())
+    return store[0]
+
+
 def gumbel_draws_match() -> bool:
-    if not _GUMBEL:
-        _GUMBEL.append(_probe_gumbel())
-    return _GUMBEL[0]
+    return _memo(_GUMBEL, _probe_gumbel)
 
 
 _MASK53 = np.uint64((1 << 53) - 1)
@@ -285,7 +290,7 @@ class _Fill:
         lo = self.raw[1::2]
         if not (lo == 0).any():
             return False
-        return bool(((self._u() == 0.0)).any())
+        return bool((self._u() == 0.0).any())
 
 
 def _probe_raw_fills() -> bool:
@@ -317,9 +322,7 @@ _RAW_FILLS: list[bool] = []
 
 
 def raw_fills_match() -> bool:
-    if not _RAW_FILLS:
-        _RAW_FILLS.append(_probe_raw_fills())
-    return _RAW_FILLS[0]
+    return _memo(_RAW_FILLS, _probe_raw_fills)
 
 
 class NoiseTape:

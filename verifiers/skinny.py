@@ -20,8 +20,9 @@ model (``cblas_sgemm_pack`` through ``torch.ops.mkl``: float32 on a CPU build wi
 AMX machine a SmolLM2 forward of 8 tree nodes took 62.5 ms stock and 50.5 ms packed, and one of 4
 nodes 52.7 and 43.6 ms (one node: 34.6 ms). The packs cost memory, about twice the linear weights
 (measured: 1.0 GB beside SmolLM2's 0.54 GB), so they are made only where they fit in a quarter of
-the memory the system has available, and only when a tree pass asks for them; a weight changed in
-place (its version counter moves) is packed again.
+the memory the system has available, and only for a verifier that will use them (at its first
+prefill, so no timed tree pass pays for packing); a weight changed in place (its version counter
+moves) is packed again.
 
 Whether a form pays is measured, per device, dtype and tree size, by the latency calibration
 (``goose.latency.measure`` times each available form; the verifier's ``linear="auto"`` uses the
@@ -30,6 +31,7 @@ fastest one for each size).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import types
@@ -84,30 +86,25 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
     return have[2]
 
 
-_PACK_WORKS: list[bool] = []  # memo of _packing_works()
-
-
+@functools.cache
 def _packing_works() -> bool:
     """Once per process, on a private layer: the packed product equals ``F.linear`` to float32
     rounding at every row count the form serves (the layout is packed for one row count and used
     for all; this checks that premise on the installed MKL)."""
-    if not _PACK_WORKS:
-        ok = False
-        try:
-            g = torch.Generator().manual_seed(0)
-            w = torch.randn(48, 40, generator=g)
-            b = torch.randn(48, generator=g)
-            with torch.inference_mode():
-                pw = torch.ops.mkl._mkl_reorder_linear_weight(w, 8)
-                ok = True
-                for rows in (2, 3, 4, 5, 8, 13, 16, 33, MAX_ROWS):
-                    x = torch.randn(rows, 40, generator=g)
-                    got = torch.ops.mkl._mkl_linear(x, pw, w, b, rows)
-                    ok = ok and got.shape == (rows, 48) and torch.allclose(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-        except (RuntimeError, AttributeError, NotImplementedError):
-            ok = False
-        _PACK_WORKS.append(ok)
-    return _PACK_WORKS[0]
+    try:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(48, 40, generator=g)
+        b = torch.randn(48, generator=g)
+        with torch.inference_mode():
+            pw = torch.ops.mkl._mkl_reorder_linear_weight(w, 8)
+            for rows in (2, 3, 4, 5, 8, 13, 16, 33, MAX_ROWS):
+                x = torch.randn(rows, 40, generator=g)
+                got = torch.ops.mkl._mkl_linear(x, pw, w, b, rows)
+                if got.shape != (rows, 48) or not torch.allclose(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5):
+                    return False
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return True
 
 
 def packed_available(modules: list[torch.nn.Linear]) -> bool:
