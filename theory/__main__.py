@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sources", default="pld,tr", help="comma-separated draft sources (default pld,tr)")
     r.add_argument("--policy", default="spine", help="tree policy (default spine)")
     r.add_argument("--budget", type=int, default=60)
-    r.add_argument("--data-dir", default=None, help="benchmark data folder (default: GOOSE_DATA or ../shared/data)")
+    r.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA; demo and humaneval need none)")
     r.add_argument("--threads", type=int, default=None)
     return p
 

