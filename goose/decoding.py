@@ -256,13 +256,13 @@ class Decoder:
         max_new_tokens: int = 128,
         stop_token_ids: Iterable[int] | None = None,
         *,
-        do_sample: bool = False,
+        do_sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
         min_p: float | None = None,
         repetition_penalty: float | None = None,
-        min_new_tokens: int = 0,
+        min_new_tokens: int | None = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
         logits_processor=None,
@@ -273,18 +273,24 @@ class Decoder:
     ):
         """Decode (speculatively), return a :class:`GenerationOutput`.
 
-        By default the output is identical to greedy decoding. Stops after ``max_new_tokens`` or
-        when a stop token (the model's eos ids, the decoder's and these ``stop_token_ids``) is
-        committed; the stop token is included in the output, as in transformers' ``generate``.
+        Stops after ``max_new_tokens`` or when a stop token (the model's eos ids, the decoder's and
+        these ``stop_token_ids``) is committed; the stop token is included in the output, as in
+        transformers' ``generate``.
 
         Sampling and processors, as transformers' ``generate`` takes them: ``do_sample``,
         ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
-        ``min_new_tokens``, a ``logits_processor`` list (applied after those) and
-        ``stopping_criteria`` (a ``StoppingCriteriaList``, checked after every token). Draws come
-        from ``generator``, or a new one seeded with ``seed``, or torch's global generator (as
+        ``min_new_tokens``, a ``logits_processor`` list and ``stopping_criteria`` (a
+        ``StoppingCriteriaList``, checked after every token). Every argument left unset (``None``)
+        takes the value ``model.generate`` would give it for this model: its
+        ``generation_config``, then transformers' defaults (``top_k=50`` when sampling), and the
+        processors are the ones transformers builds from them (goose/generation.py; a model that
+        is not a transformers model gets only the arguments given). Draws come from
+        ``generator``, or a new one seeded with ``seed``, or torch's global generator (as
         transformers draws): under the same ``torch.manual_seed`` the output equals
-        ``model.generate(do_sample=True, ...)``'s token for token (verifiers/sampling.py).
-        Greedy with none of these runs the plain argmax walk.
+        ``model.generate(...)``'s with the same arguments, token for token
+        (verifiers/sampling.py). For a model whose generation config sets none of these, the
+        default is greedy decoding and the output is identical to it (the plain argmax walk);
+        ``stats.extra["generation"]`` says which values applied.
 
         ``streamer`` (any transformers ``BaseStreamer``): ``put`` the prompt (unless
         ``stream_prompt=False``), then every committed chunk, and ``end`` once, as transformers'
@@ -293,32 +299,53 @@ class Decoder:
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        from goose import generation
         from goose.verifiers.sampling import Sampling
 
-        sampling = Sampling(bool(do_sample), temperature, top_k, top_p, min_p, repetition_penalty, min_new_tokens)
+        given = {k: v for k, v in dict(
+            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
+        ).items() if v is not None}
+        if "do_sample" in given:
+            given["do_sample"] = bool(given["do_sample"])
+        Sampling(**{"do_sample": False, "min_new_tokens": 0, **given})  # the given values, checked with Goose's messages
         if seed is not None and generator is not None:
             raise InvalidInputError("give seed or generator, not both. Hint: generator=torch.Generator().manual_seed(seed)")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidInputError(f"seed must be an int, got {seed!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise InvalidInputError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        needs_rule = not sampling.plain_greedy or bool(logits_processor) or bool(stopping_criteria) or record_scores
-        if needs_rule and not getattr(self.verifier, "supports_rules", False):
-            raise InvalidInputError(
-                f"verifier {self.verifier.name!r} verifies greedily only, so it cannot sample or apply logits "
-                "processors / stopping criteria. Hint: compose with verifier='greedy' (the tree verifier, which does both)."
-            )
         ids = self._prompt_ids(prompt)
         prompt_len = ids.numel()
-        stops = set(self.stop_token_ids)
-        if stop_token_ids is not None:
-            stops.update(int(t) for t in stop_token_ids)
         if self.max_positions is not None and prompt_len + max_new_tokens > self.max_positions:
             raise InvalidInputError(
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {self.max_positions} positions. Hint: max_new_tokens <= "
                 f"{self.max_positions - prompt_len}."
             )
+        if generation.uses_transformers(self.model):
+            rule = generation.resolve(self.model, ids, max(max_new_tokens, 1), given, logits_processor, stopping_criteria)
+        else:
+            rule = generation.explicit(given, prompt_len, self.eos_token_ids, logits_processor, stopping_criteria)
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        stops = set(stop_token_ids) if stop_token_ids is not None else set()
+        return self._decode(ids, max_new_tokens, stops | rule.stop_ids, rule, generator, streamer, record_scores,
+                            stream_prompt)
+
+    def _decode(self, ids: torch.Tensor, max_new_tokens: int, stop_token_ids, resolved, generator=None,
+                streamer=None, record_scores: bool = False, stream_prompt: bool = True) -> GenerationOutput:
+        """Decode ``ids`` (1-D, checked) under a resolved rule (goose/generation.py; hf_generate
+        hands transformers' own processors and criteria here)."""
+        needs_rule = not resolved.plain_greedy or record_scores
+        if needs_rule and not getattr(self.verifier, "supports_rules", False):
+            raise InvalidInputError(
+                f"verifier {self.verifier.name!r} verifies greedily only, so it cannot sample or apply logits "
+                "processors / stopping criteria. Hint: compose with verifier='greedy' (the tree verifier, which does both)."
+            )
+        prompt_len = ids.numel()
+        stops = set(self.stop_token_ids)
+        stops.update(int(t) for t in stop_token_ids)
         prompt_ids = tuple(ids.tolist())
         t_start = time.perf_counter()
         if max_new_tokens == 0:
@@ -327,17 +354,12 @@ class Decoder:
         self.verifier.check_request(prompt_len, max_new_tokens, self.max_nodes)
         rule = None
         if needs_rule:
-            from goose.verifiers.sampling import TokenRule, build_processors
+            from goose.verifiers.sampling import TokenRule
 
-            procs = build_processors(sampling, prompt_len, sorted(self.eos_token_ids))
-            if logits_processor:
-                procs.extend(logits_processor)
-            if seed is not None:
-                generator = torch.Generator().manual_seed(seed)
             rule = TokenRule(
-                prompt_ids, max_new_tokens, max_new_tokens + self.max_nodes + 1, procs, sampling.do_sample,
-                generator, frozenset(stops), stopping_criteria, record=record_scores,
-                temperature=sampling.temperature if sampling.do_sample else None,
+                prompt_ids, max_new_tokens, max_new_tokens + self.max_nodes + 1, resolved.processors,
+                resolved.do_sample, generator, frozenset(stops), resolved.criteria, record=record_scores,
+                temperature=resolved.temperature,
             )
         if streamer is not None and stream_prompt:
             streamer.put(ids.view(1, -1).cpu())
@@ -348,6 +370,8 @@ class Decoder:
             self._release(worker)
         if streamer is not None:
             streamer.end()
+        out.stats.extra["generation"] = {**resolved.values, "from": resolved.source,
+                                         "processors": [type(p).__name__ for p in resolved.processors]}
         if rule is not None and rule.record:
             n = len(out.token_ids)
             out = GenerationOutput(out.token_ids, out.text, out.stats, out.prompt_ids, tuple(rule.scores[:n]), tuple(rule.raw[:n]))
@@ -465,6 +489,8 @@ class Decoder:
         extra["prefill_logit_rows"] = keep
         if verifier.stats():
             extra["verifier"] = verifier.stats()
+        if hasattr(verifier, "linear_info"):  # tree passes' linear layers, and the packed weights' MiB
+            extra["linear"] = verifier.linear_info()
         if rule is not None:
             extra["sampling"] = {"walk": rule.kind, "draws": rule.draws}
         stats = Stats(

@@ -211,17 +211,16 @@ def hf_generate(
             stop_strings = [stop_strings]
         tok = _stop_string_tokenizer(model, dec, streamer, stop_strings)
         stopping_criteria = StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tok, list(stop_strings))])
+    from goose import generation
+
     plain, eos = _plain_criteria(stopping_criteria)
-    criteria = None if plain else stopping_criteria
-    out = dec.generate(
-        input_ids[0],
-        max_new_tokens=max_new,
-        stop_token_ids=eos,
-        do_sample=do_sample,
-        logits_processor=logits_processor if len(logits_processor) else None,
-        stopping_criteria=criteria,
-        streamer=streamer,
-        record_scores=record,
+    resolved = generation.Resolved(
+        do_sample, generation_config.temperature if do_sample else None, list(logits_processor),
+        None if plain else stopping_criteria, eos,
+        {k: getattr(generation_config, k, None) for k in generation.ARGUMENTS}, "transformers",
+    )
+    out = dec._decode(
+        dec._prompt_ids(input_ids[0]), max_new, eos, resolved, None, streamer, record,
         stream_prompt=False,  # generate has put the prompt already
     )
     new = torch.tensor([out.token_ids], dtype=torch.long, device=input_ids.device)

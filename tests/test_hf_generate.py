@@ -68,6 +68,22 @@ def test_sampling_is_seed_identical_to_transformers(smol, prompts, temperature):
 
 
 @pytest.mark.real_model
+def test_goose_generate_uses_transformers_defaults_for_unset_arguments(smol, prompts):
+    """Only temperature and top_p given to both: transformers adds top_k=50, and so does Goose."""
+    model, tok = smol
+    dec = goose.compose(model, tok, sources=["pld", "tr"], policy="spine-fit")
+    kw = dict(do_sample=True, temperature=0.7, top_p=0.9)
+    for enc in prompts:
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            want = _new(model.generate(**enc, max_new_tokens=NEW, **kw), enc)
+            torch.manual_seed(seed)
+            got = dec.generate(enc["input_ids"], max_new_tokens=NEW, **kw)
+            assert got.token_ids == want, seed
+            assert got.stats.extra["generation"]["top_k"] == 50
+
+
+@pytest.mark.real_model
 def test_greedy_with_repetition_penalty_and_stop_strings_equals_generate(smol, prompts):
     from transformers import StoppingCriteriaList, StopStringCriteria
 

@@ -45,7 +45,7 @@ def record_runs(
             recorder.set_dataset(spec)
             for k, p in enumerate(prompts):
                 ids = tok(p.text, return_tensors="pt")["input_ids"]
-                out_ = decoder.generate(ids, max_new_tokens=max_new_tokens)
+                out_ = decoder.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
                 print(f"{spec} {k + 1}/{len(prompts)}: tau {out_.stats.tau:.2f} ({time.time() - t0:.0f}s)", file=sys.stderr)
     finally:
         goose.unregister_plugin("goose-theory-recorder")

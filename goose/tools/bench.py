@@ -110,7 +110,8 @@ class Runner:
         import torch
 
         max_new = self.max_new if max_new is None else max_new
-        sample = dict(do_sample=True, **self.sampling) if self.sampling else {}
+        # greedy said outright: a model whose generation_config samples would sample otherwise
+        sample = dict(do_sample=True, **self.sampling) if self.sampling else {"do_sample": False}
         if self.sampling:
             torch.manual_seed(seed)  # every method draws from the same global generator state
         if self.decoder is not None:
@@ -292,6 +293,31 @@ def profile_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def memory_line(runs: list[Run], methods: list[str]) -> str | None:
+    """What the packed weights of tree passes take (verifiers/skinny.py), per Goose method, from its last run."""
+    last: dict[str, dict] = {}
+    for r in runs:
+        lin = (r.stats or {}).get("extra", {}).get("linear")
+        if lin is not None:
+            last[r.method] = lin
+    if not last:
+        return None
+    parts = []
+    for m in methods:
+        lin = last.get(m)
+        if lin is None:
+            continue
+        if lin.get("packed"):
+            sizes = sorted(int(k) for k, f in lin.get("forms", {}).items() if f == "packed")
+            at = f" at tree sizes {sizes[0]}-{sizes[-1]}" if sizes else ""
+            parts.append(f"{m} {lin['packed_mib']:,.0f} MiB{at}")
+        else:
+            parts.append(f"{m} none")
+    limit = next(iter(last.values())).get("pack_limit_mib")
+    return ("Memory: packed linear weights of tree passes (one set per model, shared by its decoders; "
+            f"limit {limit:,} MiB, verifier option pack_limit_mib): " + ", ".join(parts))
+
+
 def _f(v, fmt="{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -425,6 +451,9 @@ def run(args) -> int:
     rows = summarize(runs, methods)
     prof = profile(runs, methods)
     md = table(rows)
+    mem = memory_line(runs, methods)
+    if mem:
+        md += "\n\n" + mem
     if prof:
         md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)
     noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
@@ -671,6 +700,9 @@ def summarize_file(
     runs = [r for r in runs if done[(r.dataset, r.prompt_id)] == set(methods)]
     rows = summarize(runs, methods)
     md = table(rows)
+    mem = memory_line(runs, methods)
+    if mem:
+        md += "\n\n" + mem
     prof = profile(runs, methods)
     if prof:
         md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)

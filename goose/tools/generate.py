@@ -79,7 +79,7 @@ def run(args) -> int:
     streamer = _Streamer(tok)
     goose.register_plugin(streamer, name="goose-cli-streamer")
     try:
-        kw = {}
+        kw = {"do_sample": False}  # greedy unless --temperature, whatever the model's generation_config says
         if args.temperature:
             kw = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         elif args.top_k is not None or args.top_p is not None or args.seed is not None:
