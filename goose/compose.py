@@ -106,7 +106,7 @@ def compose(
     pol.bind(built)
     if hasattr(pol, "verifier_setup"):  # a fitted policy trusts the latency curve of the verifier's kernels
         vo = getattr(ver, "options", None)
-        pol.verifier_setup = {k: getattr(vo, k) for k in ("linear", "gqa") if hasattr(vo, k)}
+        pol.verifier_setup = ver.setup() if hasattr(ver, "setup") else {k: getattr(vo, k) for k in ("linear", "gqa") if hasattr(vo, k)}
     pol.attach(model)
     pm = get_plugin_manager()
     eos = _eos_ids(model, tokenizer)

@@ -101,6 +101,8 @@ def _setup(setup: dict | None) -> dict:
         out["linear"] = "stock"
     if setup.get("gqa", True) is False:
         out["gqa"] = False
+    if setup.get("packed", True) is False and out.get("linear") != "stock":  # packs not allowed (pack_limit_mib)
+        out["packed"] = False
     return out
 
 
@@ -219,7 +221,7 @@ def measure(
     forms = []
     if compare_linear and v._linears:
         forms.append("skinny")
-        if skinny_mod.packed_available(v._linears):
+        if _setup(setup).get("packed", True) and skinny_mod.packed_available(v._linears):
             forms.append("packed")
     compared = [c for c in COMPARE if c <= MAX_ROWS]
 

@@ -152,6 +152,41 @@ def test_packed_form_computes_the_same_product_and_repacks_a_changed_weight():
     assert lin not in skinny._packs
 
 
+@pytest.mark.skipif(not skinny.packed_available([torch.nn.Linear(4, 4)]), reason="no MKL packed GEMM in this torch")
+def test_the_packs_memory_is_measured_reported_and_bounded():
+    model = _f32("llama")
+    mods = skinny.linears(model)
+    skinny.release_packs(mods)
+    weights = sum(m.weight.nbytes for m in mods)
+    prompt = [5, 17, 33, 5, 17, 33, 5, 17, 60, 2, 5, 17]
+    want = hf_greedy(model, prompt, 16)
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=24, verifier_options={"linear": "packed"})
+    out = dec.generate(prompt, max_new_tokens=16)
+    lin = out.stats.extra["linear"]
+    assert out.token_ids == want and lin["packed"] is True and lin["option"] == "packed"
+    made = skinny.packed_bytes(mods)
+    assert made > 0 and lin["packed_mib"] == round(made / 2**20, 1)
+    assert skinny.pack_estimate(mods) == made  # once made, the estimate is what they measured
+    # a limit below what the packs take: linear='packed' is refused at compose, naming the option
+    skinny.release_packs(mods)
+    with pytest.raises(UnsupportedModelError, match=r"linear='packed' needs about .* MiB for the packs, within pack_limit_mib \(0 MiB\).*raise pack_limit_mib"):
+        goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"linear": "packed", "pack_limit_mib": 0})
+    # 0: never pack; the output is the same, nothing is packed, the curve is another one (no packed form)
+    dec0 = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=24, verifier_options={"pack_limit_mib": 0})
+    out0 = dec0.generate(prompt, max_new_tokens=16)
+    assert out0.token_ids == want
+    assert out0.stats.extra["linear"]["packed"] is False and out0.stats.extra["linear"]["packed_mib"] == 0.0
+    assert skinny.packed_bytes(mods) == 0 and dec0.verifier.setup()["packed"] is False
+    assert dec.verifier.setup()["packed"] is True
+    assert weights < 2**20 and skinny.prepack(mods, limit_mib=4) and skinny.packed_bytes(mods) > 0
+    skinny.release_packs(mods)
+    # packs that measure over the limit once made are dropped again (16 MiB of weights, a 4 MiB limit)
+    big = [torch.nn.Linear(2048, 2048, bias=False)]
+    assert skinny.prepack(big, limit_mib=4) is False and big[0] not in skinny._packs
+    assert skinny.prepack(big, limit_mib=1024) is True and skinny.packed_bytes(big) >= big[0].weight.nbytes // 2
+    skinny.release_packs(big)
+
+
 def test_packed_is_refused_where_it_cannot_serve():
     model = get("llama")  # float64: MKL's packed GEMM is float32 only
     with pytest.raises(UnsupportedModelError, match="linear='packed'.*float32.*Hint: leave linear='auto'"):
@@ -165,7 +200,7 @@ def test_kernel_options_refuse_bad_values_with_what_is_allowed():
     from goose.errors import InvalidInputError
 
     model = get("llama")
-    with pytest.raises(InvalidInputError, match=r"gqa: Input should be a valid boolean.*'maybe'.*Allowed options: gqa, headroom, linear"):
+    with pytest.raises(InvalidInputError, match=r"gqa: Input should be a valid boolean.*'maybe'.*Allowed options: gqa, headroom, linear, pack_limit_mib"):
         goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"gqa": "maybe"})
     with pytest.raises(InvalidInputError, match=r"linear: Input should be 'auto', 'stock', 'skinny' or 'packed' \(got 'fast'\)"):
         goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"linear": "fast"})

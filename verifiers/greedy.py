@@ -36,9 +36,17 @@ class TreeVerifierOptions(Options):
     linear: Literal["auto", "stock", "skinny", "packed"] = Field(
         "auto",
         description="linear layers of tree passes (2-64 nodes): 'stock' F.linear; 'skinny' weight @ x.T; "
-        "'packed' MKL's GEMM on weights packed once (float32 CPU; about twice the weights' memory) "
+        "'packed' MKL's GEMM on weights packed once (float32 CPU; 1-4x each weight's memory, within pack_limit_mib) "
         "(verifiers/skinny.py); 'auto' the fastest per tree size, as the cached latency calibration measured "
         "(stock where none is cached). One-token steps always run stock",
+    )
+    pack_limit_mib: int | None = Field(
+        None,
+        ge=0,
+        description="most MiB the packed weights of linear='packed'/'auto' may take (measured as they are "
+        "made: 1,265 MiB for SmolLM2's 513 MiB of linear weights); None: a quarter of the memory available "
+        "when they would be made; 0: never pack (tree passes then use the fastest other form). "
+        "stats.extra['linear'] reports what they take",
     )
     gqa: bool = Field(
         True,
@@ -95,13 +103,20 @@ class GreedyTreeVerifier(Verifier):
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._linears = skinny.linears(model) if self.options.linear != "stock" else []
-        if self.options.linear == "packed" and not skinny.packed_available(self._linears):
+        limit = self.options.pack_limit_mib
+        self.packs_allowed = skinny.packed_available(self._linears, limit)
+        if self.options.linear == "packed" and not self.packs_allowed:
+            need = skinny.pack_estimate(self._linears) / 2**20
+            room = skinny.pack_limit(limit) / 2**20
+            why = (
+                "float32 linear layers on the CPU and a torch built with MKL" if not skinny.packed_supported(self._linears)
+                else f"about {need:,.0f} MiB for the packs, within pack_limit_mib "
+                f"({'a quarter of the memory available: ' if limit is None else ''}{room:,.0f} MiB)"
+            )
             raise UnsupportedModelError(
-                "verifier option linear='packed' needs float32 linear layers on the CPU, a torch built "
-                "with MKL, and about twice the linear weights' size in free memory (a quarter of what "
-                f"is available: {skinny.available_memory() / 2**30:.1f} GiB); this model or machine has "
-                "not. Allowed here: 'auto', 'stock', 'skinny'. Hint: leave linear='auto', which uses "
-                "packed weights only where they are available and measured faster."
+                f"verifier option linear='packed' needs {why}; this model or machine has not. Allowed here: "
+                "'auto', 'stock', 'skinny'. Hint: leave linear='auto', which uses packed weights only where "
+                "they are available and measured faster, or raise pack_limit_mib."
             )
         self._forms: dict[int, str] | None = None  # tree size -> form, resolved on the first tree pass ("auto")
         # transformers' causal LMs compute the LM head for the last k positions only when told.
@@ -174,14 +189,39 @@ class GreedyTreeVerifier(Verifier):
         if self._linears and self.options.linear == "auto":
             from goose.latency import cached_curve
 
-            curve = cached_curve(self.model, {"gqa": self.options.gqa})
+            curve = cached_curve(self.model, self.setup())
             if curve is not None:
                 forms.update({k: "skinny" for k in curve.skinny})
-                if curve.packed and skinny.packed_available(self._linears):
+                if curve.packed and skinny.packed_available(self._linears, self.options.pack_limit_mib):
                     forms.update({k: "packed" for k in curve.packed})
         if "packed" in forms.values() or self.options.linear == "packed":
-            skinny.prepack(self._linears)
+            if not skinny.prepack(self._linears, self.options.pack_limit_mib):
+                if self.options.linear == "packed":
+                    raise UnsupportedModelError(
+                        f"the packed weights measured {skinny.pack_estimate(self._linears) / 2**20:,.0f} MiB, over "
+                        f"pack_limit_mib ({skinny.pack_limit(self.options.pack_limit_mib) / 2**20:,.0f} MiB); "
+                        "they were dropped. Hint: linear='auto', or raise pack_limit_mib."
+                    )
+                forms = {k: f for k, f in forms.items() if f != "packed"}  # stock at those sizes
         self._forms = forms
+
+    def setup(self) -> dict:
+        """The kernel options the latency curve of this verifier depends on (goose.latency)."""
+        # "packed": False only where packs could serve but the limit forbids them (another curve)
+        limited = not self.packs_allowed and skinny.packed_supported(self._linears)
+        return {"linear": self.options.linear, "gqa": self.options.gqa, "packed": not limited}
+
+    def linear_info(self) -> dict:
+        """Which form each tree size's linear layers run in, and the memory the packed weights take."""
+        forms = self._forms or {}
+        in_use = "packed" in forms.values() or self.options.linear == "packed"
+        return {
+            "option": self.options.linear,
+            "packed": bool(in_use and skinny.packed_bytes(self._linears)),
+            "packed_mib": round(skinny.packed_bytes(self._linears) / 2**20, 1) if in_use else 0.0,
+            "pack_limit_mib": round(skinny.pack_limit(self.options.pack_limit_mib) / 2**20),
+            "forms": {str(k): f for k, f in sorted(forms.items())},
+        }
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:

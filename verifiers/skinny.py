@@ -18,11 +18,18 @@ A second form, ``packed``, keeps each weight in the layout MKL's GEMM reads, pac
 model (``cblas_sgemm_pack`` through ``torch.ops.mkl``: float32 on a CPU build with MKL). A plain
 ``F.linear`` on 4-12 rows re-reads the weight in a slower order on every call; on this project's
 AMX machine a SmolLM2 forward of 8 tree nodes took 62.5 ms stock and 50.5 ms packed, and one of 4
-nodes 52.7 and 43.6 ms (one node: 34.6 ms). The packs cost memory, about twice the linear weights
-(measured: 1.0 GB beside SmolLM2's 0.54 GB), so they are made only where they fit in a quarter of
-the memory the system has available, and only for a verifier that will use them (at its first
-prefill, so no timed tree pass pays for packing); a weight changed in place (its version counter
-moves) is packed again.
+nodes 52.7 and 43.6 ms (one node: 34.6 ms). The packs cost memory: MKL pads each packed matrix
+to its own panel sizes, so a pack is 1x (SmolLM2's 49,152 x 576 LM head) to 4x (its 192 x 576
+key/value projections) the weight, 1,265 MiB in all beside SmolLM2's 513 MiB of linear weights
+(resident memory measured while packing, on an AVX-512 EPYC). The layout is opaque (torch cannot
+say its size), so each pack's size is measured as the process's resident-memory growth while it
+is made (:func:`packed_bytes`). They are made only where the estimate (:data:`PACK_RATIO` times
+the weights) fits the limit (the verifier's ``pack_limit_mib``; by default a quarter of the
+memory the system has available), dropped again if what they measure exceeds it, and only for a
+verifier that will use them (at its first prefill, so no timed tree pass pays for packing); a
+weight changed in place (its version counter moves) is packed again. The model's own weights stay
+as they are: the model is the caller's, and one-token steps, other decoders and ``model.generate``
+read them.
 
 Whether a form pays is measured, per device, dtype and tree size, by the latency calibration
 (``goose.latency.measure`` times each available form; the verifier's ``linear="auto"`` uses the
@@ -43,11 +50,13 @@ import torch.nn.functional as F
 
 MAX_ROWS = 64
 FORMS = ("skinny", "packed")
+# packed bytes / weight bytes assumed before packing (SmolLM2 measured 2.47: 1,265 / 513 MiB)
+PACK_RATIO = 2.5
 
 _local = threading.local()  # .forms: this thread's rerouted passes, innermost last (empty: stock)
 _lock = threading.Lock()
 _installed: dict[int, int] = {}  # id(model) -> passes in flight (any thread)
-# module -> (weight data pointer, weight version, packed weight): made on first use, per weight
+# module -> (weight data pointer, weight version, packed weight, bytes measured): made on first use, per weight
 _packs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _pack_lock = threading.Lock()
 
@@ -80,8 +89,14 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
     with _pack_lock, torch.inference_mode():
         have = _packs.get(m)
         if have is None or have[0] != w.data_ptr() or have[1] != w._version:
+            _packs.pop(m, None)  # the stale pack is freed before its successor is measured
+            have = None
+            before = resident_bytes()
             # the row count only sizes MKL's scratch; the packed layout serves any row count
-            have = (w.data_ptr(), w._version, torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 8))
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 8)
+            grown = resident_bytes() - before
+            size = grown if before and grown > 0 else int(PACK_RATIO * w.numel() * w.element_size())
+            have = (w.data_ptr(), w._version, packed, size)
             _packs[m] = have
     return have[2]
 
@@ -107,20 +122,59 @@ def _packing_works() -> bool:
     return True
 
 
-def packed_available(modules: list[torch.nn.Linear]) -> bool:
-    """Whether the packed form can serve these layers: float32 CPU weights, a torch built with MKL
-    whose packed GEMM checks out (:func:`_packing_works`), and packs (about twice the weights)
-    within a quarter of the system's available memory."""
+def packed_supported(modules: list[torch.nn.Linear]) -> bool:
+    """Whether the packed form can serve these layers at all: float32 CPU weights and a torch built
+    with MKL whose packed GEMM checks out (:func:`_packing_works`); memory aside."""
     if not modules or not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear"):
         return False
     if not _packing_works():
         return False
-    if any(m.weight.dtype != torch.float32 or m.weight.device.type != "cpu" for m in modules):
+    return all(m.weight.dtype == torch.float32 and m.weight.device.type == "cpu" for m in modules)
+
+
+def pack_limit(limit_mib: int | None = None) -> int:
+    """Bytes the packs may take: ``limit_mib`` MiB, or (None) a quarter of the available memory."""
+    return available_memory() // 4 if limit_mib is None else int(limit_mib) * 2**20
+
+
+def pack_estimate(modules: list[torch.nn.Linear]) -> int:
+    """Bytes the packs of these layers take: measured for those packed, :data:`PACK_RATIO` x the rest."""
+    return sum(_packs[m][3] if m in _packs else int(PACK_RATIO * m.weight.numel() * m.weight.element_size())
+               for m in modules)
+
+
+def packed_available(modules: list[torch.nn.Linear], limit_mib: int | None = None) -> bool:
+    """Whether the packed form can serve these layers (:func:`packed_supported`) with packs within
+    the limit (:func:`pack_limit`: ``limit_mib``, or a quarter of the available memory; 0: never).
+    Packs already made count at their measured size (and are within the limit they were made
+    under, so an unchanged default limit keeps them even when memory has since filled)."""
+    if limit_mib is not None and int(limit_mib) <= 0:
         return False
-    if all(m in _packs for m in modules):
-        return True
-    need = 2 * sum(m.weight.numel() * 4 for m in modules if m not in _packs)
-    return need <= available_memory() // 4
+    if not packed_supported(modules):
+        return False
+    return pack_estimate(modules) <= _limit_for(modules, limit_mib)
+
+
+def _limit_for(modules, limit_mib: int | None) -> int:
+    # the default limit is a quarter of what is available, and packs already made are not available
+    return pack_limit(limit_mib) + (packed_bytes(modules) if limit_mib is None else 0)
+
+
+def packed_bytes(modules: list[torch.nn.Linear]) -> int:
+    """Bytes the packs of these layers hold now (resident memory measured as each was made)."""
+    return sum(_packs[m][3] for m in modules if m in _packs)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (``VmRSS``); 0 where that cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def available_memory() -> int:
@@ -138,10 +192,16 @@ def available_memory() -> int:
         return 0
 
 
-def prepack(modules: list[torch.nn.Linear]) -> None:
-    """Pack these layers' weights now (each is packed once; a weight changed in place, again)."""
+def prepack(modules: list[torch.nn.Linear], limit_mib: int | None = None) -> bool:
+    """Pack these layers' weights now (each is packed once; a weight changed in place, again).
+    False, with the packs dropped again, when what they measure exceeds the limit."""
+    limit = _limit_for(modules, limit_mib)
     for m in modules:
         _pack(m)
+    if packed_bytes(modules) > limit:
+        release_packs(modules)
+        return False
+    return True
 
 
 def release_packs(modules: list[torch.nn.Linear]) -> None:

@@ -116,6 +116,18 @@ def _cmd_calibrate(args) -> int:
     for n in curve.sizes:
         form = {"skinny": "weight @ x.T", "packed": "packed weights"}.get(curve.form(n), "stock")
         print(f"| {n} | {1000 * curve(n):.1f} | {curve(n) / t1:.2f} | {form} |")
+    from goose.verifiers import skinny
+
+    lin = skinny.linears(model)
+    if curve.packed and skinny.packed_supported(lin):
+        made = skinny.packed_bytes(lin)
+        size = f"{made / 2**20:,.0f} MiB measured" if made else f"about {skinny.pack_estimate(lin) / 2**20:,.0f} MiB"
+        print(f"packed linear weights at tree sizes {min(curve.packed)}-{max(curve.packed)}: {size} beside the "
+              f"model's {sum(m.weight.nbytes for m in lin) / 2**20:,.0f} MiB of linear weights, made by a decoder "
+              f"with linear='auto' (default limit: a quarter of the available memory, now "
+              f"{skinny.pack_limit() / 2**20:,.0f} MiB; verifier option pack_limit_mib, 0: never)")
+    else:
+        print("packed linear weights: not used (0 MiB)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": machine.describe(), "threads": args.threads, "model": args.model, "dtype": args.dtype, **curve.to_dict()}, f)
