@@ -1,17 +1,23 @@
 """Peak memory and prefill time of long prompts: Goose against transformers' generate.
 
-    python benchmarks/long_prompt.py --model smollm2 --lengths 1000,4000,8000 --out long.json
+    python benchmarks/long_prompt.py --model smollm2 --lengths 1000,4000,8000 --data-dir ../shared/data --out long.json
 
 Each (model, length, method) runs in a fresh process: load the model, warm up on a short prompt,
 reset the peak resident memory (/proc/self/clear_refs), then generate ``--new`` tokens from a
 prompt of real text (Spec-Bench summarization articles, concatenated and cut to the length).
 "Extra" is the peak resident memory during that generation minus the resident memory before it;
-"time" is the wall time of that generation (prefill and ``--new`` tokens). Methods:
+"held" is that peak minus the resident memory right after the model was loaded (what the method
+keeps beside the model: the packed weights, made at the warm-up's prefill, show here and not in
+"extra"); "time" is the wall time of that generation (prefill and ``--new`` tokens). Methods:
 
 - ``hf``: ``model.generate(do_sample=False)`` (logits of the last position only);
 - ``goose``: the default decoder (``pld`` + ``tr`` under ``spine-fit``), whose token-recycling
   harvest computes the logits of the last positions only (``tr.prefill_window``, ``prefill_max_mib``);
-- ``goose-all``: the same with ``prefill_window=None``: the reference harvest of every prompt position.
+- ``goose-all``: the same with ``prefill_window=None``: the reference harvest of every prompt position;
+- ``goose-nopack``: the default decoder with the verifier option ``pack_limit_mib=0`` (no packed weights);
+- ``goose-stock``: the default decoder with ``linear="stock"``;
+- ``goose-packed``: the default decoder with ``linear="packed"`` (packed weights at every tree size,
+  where ``"auto"`` would use them only where the calibration measured them faster).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ def child(model_name: str, dtype: str, threads: int, n: int, method: str, new: i
 
     torch.set_num_threads(threads)
     model, tok = models.load(model_name, dtype)
+    loaded = _rss_kib("VmRSS")
     ids = torch.tensor(_text_prompt(tok, n))
     if method == "hf":
         def run(x, k):
@@ -59,10 +66,15 @@ def child(model_name: str, dtype: str, threads: int, n: int, method: str, new: i
             return out[0, x.numel():].tolist()
     else:
         tr = ("tr", {"prefill_window": None}) if method == "goose-all" else "tr"
-        dec = goose.compose(model, tok, sources=["pld", tr], policy="spine-fit")
+        vo = {"goose-nopack": {"pack_limit_mib": 0}, "goose-stock": {"linear": "stock"},
+              "goose-packed": {"linear": "packed"}}.get(method, {})
+        dec = goose.compose(model, tok, sources=["pld", tr], policy="spine-fit", verifier_options=vo)
 
         def run(x, k):
-            return dec.generate(x, max_new_tokens=k).token_ids
+            out = dec.generate(x, max_new_tokens=k)
+            info["linear"] = out.stats.extra.get("linear")
+            return out.token_ids
+    info: dict = {}
     run(ids[:64], 4)  # warm-up
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak resident set size (VmHWM) to the current one
@@ -72,7 +84,8 @@ def child(model_name: str, dtype: str, threads: int, n: int, method: str, new: i
     dt = time.perf_counter() - t0
     peak = _rss_kib("VmHWM")
     return {"model": model_name, "dtype": dtype, "threads": threads, "prompt_tokens": n, "method": method,
-            "extra_mib": (peak - before) / 1024, "time_s": dt, "tokens": toks}
+            "extra_mib": (peak - before) / 1024, "held_mib": (peak - loaded) / 1024, "time_s": dt, "tokens": toks,
+            "packed_mib": (info.get("linear") or {}).get("packed_mib", 0.0)}
 
 
 def main() -> None:
@@ -84,8 +97,13 @@ def main() -> None:
     ap.add_argument("--methods", default="hf,goose,goose-all")
     ap.add_argument("--new", type=int, default=4)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--data-dir", default=None, help="benchmark data folder holding spec_bench/ (default: $GOOSE_DATA)")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.data_dir:
+        import os
+
+        os.environ["GOOSE_DATA"] = a.data_dir  # the children read the prompts from it
     if a.child:
         m, dt, th, n, meth = a.child
         print(json.dumps(child(m, dt, int(th), int(n), meth, a.new)))
@@ -99,13 +117,14 @@ def main() -> None:
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             r = json.loads(out)
             rows.append(r)
-            print(f"{a.model} {n:>5} {meth:<9} extra {r['extra_mib']:8.1f} MiB  time {r['time_s']:7.2f} s", flush=True)
+            print(f"{a.model} {n:>5} {meth:<12} extra {r['extra_mib']:8.1f} MiB  held {r['held_mib']:8.1f} MiB  "
+                  f"time {r['time_s']:7.2f} s  packs {r['packed_mib']:.0f} MiB", flush=True)
     print(f"\nCPU: {machine.describe()}; {a.model} {a.dtype}, {a.threads} threads, {a.new} new tokens\n")
-    print("| prompt tokens | method | extra peak MiB | x hf | time s | x hf | same tokens as hf |")
-    print("|---|---|---|---|---|---|---|")
+    print("| prompt tokens | method | extra peak MiB | x hf | held beside the model MiB | time s | x hf | same tokens as hf |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         base = next(b for b in rows if b["prompt_tokens"] == r["prompt_tokens"] and b["method"] == "hf")
-        print(f"| {r['prompt_tokens']} | {r['method']} | {r['extra_mib']:.0f} | {r['extra_mib'] / base['extra_mib']:.2f} | "
+        print(f"| {r['prompt_tokens']} | {r['method']} | {r['extra_mib']:.0f} | {r['extra_mib'] / base['extra_mib']:.2f} | {r['held_mib']:.0f} | "
               f"{r['time_s']:.2f} | {r['time_s'] / base['time_s']:.2f} | {r['tokens'] == base['tokens']} |")
     if a.out:
         with open(a.out, "w") as f:

@@ -312,7 +312,7 @@ def memory_line(runs: list[Run], methods: list[str]) -> str | None:
             at = f" at tree sizes {sizes[0]}-{sizes[-1]}" if sizes else ""
             parts.append(f"{m} {lin['packed_mib']:,.0f} MiB{at}")
         else:
-            parts.append(f"{m} none")
+            parts.append(f"{m} 0 MiB (none made)")
     limit = next(iter(last.values())).get("pack_limit_mib")
     return ("Memory: packed linear weights of tree passes (one set per model, shared by its decoders; "
             f"limit {limit:,} MiB, verifier option pack_limit_mib): " + ", ".join(parts))
