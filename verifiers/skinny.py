@@ -23,7 +23,8 @@ to its own panel sizes, so a pack is 1x (SmolLM2's 49,152 x 576 LM head) to 4x (
 key/value projections) the weight, 1,265 MiB in all beside SmolLM2's 513 MiB of linear weights
 (resident memory measured while packing, on an AVX-512 EPYC). The layout is opaque (torch cannot
 say its size), so each pack's size is measured as the process's resident-memory growth while it
-is made (:func:`packed_bytes`). They are made only where the estimate (:data:`PACK_RATIO` times
+is made, at least the weight's own size (memory freed earlier and reused does not show as growth;
+:func:`packed_bytes`). They are made only where the estimate (:data:`PACK_RATIO` times
 the weights) fits the limit (the verifier's ``pack_limit_mib``; by default a quarter of the
 memory the system has available), dropped again if what they measure exceeds it, and only for a
 verifier that will use them (at its first prefill, so no timed tree pass pays for packing); a
@@ -95,7 +96,9 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
             # the row count only sizes MKL's scratch; the packed layout serves any row count
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 8)
             grown = resident_bytes() - before
-            size = grown if before and grown > 0 else int(PACK_RATIO * w.numel() * w.element_size())
+            # memory freed earlier and still resident may be reused by the pack and not show as
+            # growth: a pack holds at least its weight's values, so that is the floor
+            size = max(grown, w.numel() * w.element_size()) if before else int(PACK_RATIO * w.numel() * w.element_size())
             have = (w.data_ptr(), w._version, packed, size)
             _packs[m] = have
     return have[2]
