@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from goose.errors import DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, PluginError
-from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TreePolicy, Verified, Verifier
+from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TokenView, TreePolicy, Verified, Verifier
 from goose.tree import DraftTree
 
 
@@ -409,6 +409,7 @@ class Decoder:
             self._observe(worker, v)
             t_observe += time.perf_counter() - t0
             seq = list(prompt_ids)
+            view = TokenView(seq)  # what sources read: the same list, read-only
             new: list[int] = []
             stopped_by = "none"
             committed = _cut((v.bonus,), stops, max_new_tokens)
@@ -440,9 +441,9 @@ class Decoder:
                 tree = None
                 if max_depth > 0:
                     state = DraftState(
-                        seq, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, step
+                        view, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, step
                     )
-                    ctx = DraftContext(state, sources, None if rule is None else rule.noise_view())
+                    ctx = DraftContext(state, sources, None if rule is None else rule.noise_view(), self.vocab_size)
                     tree = self._shape(policy, ctx, anchor, max_depth)
                     t_sources += ctx.source_s
                 if tree is None:

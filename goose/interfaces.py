@@ -7,6 +7,8 @@ node). Options are pydantic models with ``extra="forbid"``.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
 from abc import ABC, abstractmethod
@@ -43,9 +45,65 @@ class Request:
     budget: int  # node budget of one tree, root included
 
 
+class TokenView(Sequence):
+    """The loop's committed tokens, read-only: indexing, slicing (a new list), ``len``, iteration.
+
+    Every source drafts from the same list in one step, so a source that appended to it, overwrote
+    or cleared it would corrupt every other source's drafting and the loop's own record; this view
+    refuses each of those with a ``TypeError`` (which the loop reports as a ``DraftSourceError``
+    naming the source). It wraps the list, it does not copy it: ``list(state.tokens)`` gives a copy
+    a source may change."""
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self, tokens: Sequence[int]):
+        object.__setattr__(self, "_tokens", tokens)
+
+    def __getitem__(self, i):
+        return self._tokens[i]
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __iter__(self):
+        return iter(self._tokens)
+
+    def __contains__(self, x) -> bool:
+        return x in self._tokens
+
+    def __reversed__(self):
+        return reversed(self._tokens)
+
+    def index(self, *args):
+        return self._tokens.index(*args)
+
+    def count(self, x) -> int:
+        return self._tokens.count(x)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, TokenView):
+            other = other._tokens
+        return list(self._tokens) == list(other) if isinstance(other, (list, tuple)) else NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"TokenView({list(self._tokens)!r})"
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError(
+            "state.tokens is read-only: it is the decoder's committed sequence, shared by every source. "
+            "Hint: copy it first (list(state.tokens)) to build on it"
+        )
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = __setattr__ = _refuse
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+
+
 @dataclass(frozen=True)
 class DraftState:
-    """The decoding state a source drafts from. ``tokens`` is the loop's own list: read it, never mutate it."""
+    """The decoding state a source drafts from. ``tokens`` is read-only (a :class:`TokenView` of
+    the loop's list in a decoder; any sequence when built by hand)."""
 
     tokens: Sequence[int]  # [prompt_len + committed]; tokens[-1] is the anchor
     prompt_len: int
@@ -74,8 +132,10 @@ class Proposal:
 
     @classmethod
     def chain(cls, source: str, tokens: Sequence[int], confidence: float = 0.0, **info) -> Proposal:
-        toks = tuple(int(t) for t in tokens)
-        return cls(source, toks, tuple(range(-1, len(toks) - 1)), None, float(confidence), None, info)
+        # ids are kept as given (ints; numpy or 0-d torch integers become ints): a float or a bool
+        # is not truncated into some token but refused where the proposal leaves its source
+        toks = tuple(_as_id(t) for t in tokens)
+        return cls(source, toks, tuple(range(-1, len(toks) - 1)), None, confidence, None, info)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -178,10 +238,11 @@ class DraftContext:
     errors it raises come back as :class:`~goose.errors.DraftSourceError` naming the source.
     """
 
-    __slots__ = ("state", "sources", "_proposals", "_succ", "source_s", "noise")
+    __slots__ = ("state", "sources", "_proposals", "_succ", "source_s", "noise", "vocab_size")
 
-    def __init__(self, state: DraftState, sources: Sequence[DraftSource], noise=None):
+    def __init__(self, state: DraftState, sources: Sequence[DraftSource], noise=None, vocab_size: int | None = None):
         self.state = state
+        self.vocab_size = vocab_size  # proposals' ids are checked against it (None: non-negative only)
         self.sources = tuple(sources)
         self._proposals: dict[str, Proposal | None] = {}
         self._succ = tuple(s for s in self.sources if s.provides_successors)
@@ -204,7 +265,7 @@ class DraftContext:
             return self._proposals[name]
         src = self.source(name)
         t0 = time.perf_counter()
-        result = None if src is None else _call_source(src, self.state)
+        result = None if src is None else _call_source(src, self.state, self.vocab_size)
         self.source_s += time.perf_counter() - t0
         self._proposals[name] = result
         return result
@@ -248,7 +309,23 @@ class DraftContext:
             self.source_s += time.perf_counter() - t0
 
 
-def _call_source(src: DraftSource, state: DraftState) -> Proposal | None:
+def _as_id(t):
+    """An int for integer-valued ids (numpy or 0-d torch integers), anything else as it is."""
+    if isinstance(t, bool) or isinstance(t, int):
+        return t
+    if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.dtype.is_floating_point and t.dtype != torch.bool:
+        return int(t)
+    try:
+        import numpy as np
+
+        if isinstance(t, np.integer):
+            return int(t)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    return t
+
+
+def _call_source(src: DraftSource, state: DraftState, vocab_size: int | None = None) -> Proposal | None:
     try:
         prop = src.propose(state)
     except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
@@ -259,10 +336,52 @@ def _call_source(src: DraftSource, state: DraftState) -> Proposal | None:
         raise DraftSourceError(
             src.name, f"propose() must return a goose.Proposal or None, got {type(prop).__name__}"
         )
-    if len(prop.parents) != len(prop.tokens):
-        raise DraftSourceError(
-            src.name, f"proposal has {len(prop.tokens)} tokens but {len(prop.parents)} parents"
-        )
+    return check_proposal(src.name, prop, vocab_size)
+
+
+def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -> Proposal:
+    """``prop`` as it leaves source ``source``, checked node by node (ids normalised to ints), or a
+    :class:`DraftSourceError` naming the source, the proposal's node index and the value."""
+
+    def bad(what: str, hint: str):
+        raise DraftSourceError(source, f"{what}. Hint: {hint}")
+
+    if prop.source != source:
+        bad(f"its proposal says source={prop.source!r}; a proposal is credited to the source that made it",
+            "Proposal.chain(self.name, ...) / Proposal(self.name, ...)")
+    n = len(prop.tokens)
+    if len(prop.parents) != n:
+        bad(f"proposal has {n} tokens but {len(prop.parents)} parents", "one parent per token (-1: the root)")
+    for name, per_node in (("scores", prop.scores), ("origins", prop.origins)):
+        if per_node is not None and len(per_node) != n:
+            bad(f"proposal has {n} tokens but {len(per_node)} {name}", f"one {name[:-1]} per token, or {name}=None")
+    c = prop.confidence
+    if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or not 0.0 <= c <= 1.0:
+        bad(f"confidence={c!r} is not allowed: a finite number in [0, 1]",
+            "0 when unsure; the policies give a confident chain more budget (docs/plugins.md)")
+    limit = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocabulary size)"
+    tokens = tuple(_as_id(t) for t in prop.tokens)
+    seen: dict[tuple[int, int], int] = {}
+    for i, (t, p) in enumerate(zip(tokens, prop.parents)):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
+            bad(f"proposal node {i}: token id {t!r} is not allowed: an int in {limit}",
+                "draft ids of this model's tokenizer, as ints")
+        p = _as_id(p)
+        if isinstance(p, bool) or not isinstance(p, int) or not (p == -1 or 0 <= p < i):
+            bad(f"proposal node {i}: parent {p!r} is not allowed: -1 (the root) or an earlier node 0..{i - 1}",
+                "parents[i] names a node before i; a chain is parents=(-1, 0, 1, ...)")
+        if (p, t) in seen:
+            bad(f"proposal node {i}: token {t} under parent {p} repeats node {seen[p, t]} (duplicate siblings)",
+                "propose each continuation once; merge duplicates before returning")
+        seen[p, t] = i
+    if prop.scores is not None:
+        for i, s in enumerate(prop.scores):
+            if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(s):
+                bad(f"proposal node {i}: score {s!r} is not allowed: a finite number", "scores=None if there are none")
+    if any(type(t) is not int for t in prop.tokens) or type(c) is not float or any(type(p) is not int for p in prop.parents):
+        from dataclasses import replace
+
+        prop = replace(prop, tokens=tokens, parents=tuple(int(_as_id(p)) for p in prop.parents), confidence=float(c))
     return prop
 
 
