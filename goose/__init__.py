@@ -30,7 +30,7 @@ from goose.interfaces import (
     Verified,
     Verifier,
 )
-from goose.manager import get_registry, register_plugin, unregister_plugin
+from goose.manager import PluginWarning, broken_plugins, get_registry, register_plugin, unregister_plugin
 from goose.tree import DraftTree
 
 __version__ = "0.1.0"
@@ -58,6 +58,8 @@ __all__ = [
     "get_registry",
     "register_plugin",
     "unregister_plugin",
+    "broken_plugins",
+    "PluginWarning",
     "GooseError",
     "DecoderBusyError",
     "UnknownComponentError",

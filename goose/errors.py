@@ -17,7 +17,7 @@ class GooseError(Exception):
 class UnknownComponentError(GooseError, KeyError):
     """A draft source, tree policy or verifier name that nobody registered."""
 
-    def __init__(self, kind: str, name: str, available: Iterable[str]):
+    def __init__(self, kind: str, name: str, available: Iterable[str], left_out: dict | None = None):
         self.kind, self.name = kind, name
         self.available = sorted(available)
         msg = f"Unknown {kind} {name!r}. Available: {', '.join(self.available) or '(none)'}."
@@ -26,6 +26,9 @@ class UnknownComponentError(GooseError, KeyError):
             msg += f" Did you mean {close[0]!r}?"
         else:
             msg += " Run `goose plugins` to list what is registered and where it came from."
+        if left_out:
+            msg += " Plugins left out (one of them may provide it): " + "; ".join(
+                f"{p}: {why}" for p, why in sorted(left_out.items()))
         super().__init__(msg)
 
     def __str__(self) -> str:  # KeyError would quote the message

@@ -6,6 +6,14 @@ hooks as third-party distributions, which are discovered through the entry-point
 Environment:
     GOOSE_DISABLE_PLUGIN_AUTOLOAD=1   do not load third-party entry points
     GOOSE_PLUGINS=name1,name2         load only these entry points (allow-list)
+
+One bad plugin never breaks the others: an installed entry point that fails to load, implements
+an unknown hook, or registers a malformed component (not a subclass, abstract, nameless, bad
+options, a duplicate name, or a registration hook that raises) is left out whole, with a
+:class:`PluginWarning` that says why; :func:`broken_plugins` and ``goose plugins`` list it, and
+composing one of its names says so. A plugin registered at run time with :func:`register_plugin`
+is checked at once instead: it registers whole or not at all (a ``PluginError``, and the process
+is as it was). :func:`unregister_plugin` removes a plugin and every component it registered.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -81,7 +90,7 @@ class Registry:
         if not isinstance(name, str):
             raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
         if name not in table:
-            raise UnknownComponentError(_KIND_WORDS[kind], name, table)
+            raise UnknownComponentError(_KIND_WORDS[kind], name, table, _broken)
         return table[name]
 
     def names(self, kind: str) -> list[str]:
@@ -90,9 +99,25 @@ class Registry:
 
 _KIND_WORDS = {"source": "draft source", "policy": "tree policy", "verifier": "verifier"}
 
+class PluginWarning(UserWarning):
+    """An installed plugin was left out (it failed to load or registered something malformed)."""
+
+
 _pm: pluggy.PluginManager | None = None
 _registry: Registry | None = None
 _origins: dict[str, str] = {}
+_broken: dict[str, str] = {}  # plugin name -> why it was left out
+
+
+def broken_plugins() -> dict[str, str]:
+    """Installed plugins that were left out, and why (empty when every plugin loaded)."""
+    get_registry()
+    return dict(_broken)
+
+
+def _leave_out(name: str, why: str) -> None:
+    _broken[name] = why
+    warnings.warn(f"Goose left plugin {name!r} out: {why}", PluginWarning, stacklevel=3)
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -131,33 +156,69 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
         try:
             plugin = ep.load()
         except Exception as exc:  # noqa: BLE001
-            raise PluginError(
-                f"Plugin {ep.name!r} (entry point {ep.value!r} from distribution {dist!r}) failed to "
-                f"load: {type(exc).__name__}: {exc}. Fix or uninstall it, or set {ENV_DISABLE}=1."
-            ) from exc
+            _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r} failed to load: "
+                       f"{type(exc).__name__}: {exc}. Fix or uninstall it, or set {ENV_DISABLE}=1.")
+            continue
         try:
             pm.register(plugin, name=ep.name)
+            pm.check_pending()
         except (pluggy.PluginValidationError, ValueError) as exc:
-            raise PluginError(f"Plugin {ep.name!r} from distribution {dist!r} is malformed: {exc}") from exc
+            if pm.get_plugin(ep.name) is not None:
+                pm.unregister(name=ep.name)
+            _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r} is malformed: {exc}. "
+                       f"Known hooks: {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('goose_')))}.")
+            continue
         _origins[ep.name] = f"entry point {ep.value} ({dist})"
 
 
 def register_plugin(plugin: object, name: str | None = None) -> None:
-    """Register a plugin object (module or instance with ``@goose.hookimpl`` functions) at run time."""
+    """Register a plugin object (module or instance with ``@goose.hookimpl`` functions) at run time.
+
+    Atomic: the plugin's hooks are checked and its components registered now; if any of that
+    fails, a ``PluginError`` says why and nothing of the plugin stays registered."""
+    global _registry
     pm = get_plugin_manager()
+    before = get_registry()
+    if name is not None and pm.get_plugin(name) is not None:
+        raise PluginError(
+            f"A plugin named {name!r} is registered already ({_origins.get(name, '?')}). "
+            f"Hint: goose.unregister_plugin({name!r}) first, or pick another name."
+        )
     try:
         pm.register(plugin, name=name)
-        pm.check_pending()
-    except (pluggy.PluginValidationError, ValueError) as exc:
+    except pluggy.PluginValidationError as exc:  # pluggy leaves nothing registered here
         raise PluginError(f"Plugin {name or plugin!r} is malformed: {exc}") from exc
+    except ValueError as exc:
+        raise PluginError(f"Plugin {name or plugin!r} cannot be registered: {exc}") from exc
     pname = pm.get_name(plugin)
-    _origins[pname] = "registered at run time"
-    global _registry
-    _registry = None
+    try:
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(
+                f"Plugin {pname!r} is malformed: {exc}. Known hooks: "
+                f"{', '.join(sorted(n for n in dir(hookspecs) if n.startswith('goose_')))}."
+            ) from exc
+        except ValueError as exc:
+            raise PluginError(f"Plugin {pname!r} is malformed: {exc}") from exc
+        _origins[pname] = "registered at run time"
+        _registry = _build_registry(pm, strict_for=pname)
+    except BaseException:
+        if pm.get_plugin(pname) is not None:
+            pm.unregister(name=pname)
+        _origins.pop(pname, None)
+        _registry = before
+        raise
 
 
 def unregister_plugin(name: str) -> None:
+    """Remove a plugin registered at run time (or loaded from an entry point) and its components.
+
+    A name that is not registered is a ``PluginError`` naming the registered ones."""
     pm = get_plugin_manager()
+    if pm.get_plugin(name) is None:
+        names = sorted(n for n, _ in pm.list_name_plugin())
+        raise PluginError(f"No plugin named {name!r} is registered. Registered: {', '.join(names)}")
     pm.unregister(name=name)
     _origins.pop(name, None)
     global _registry
@@ -169,28 +230,58 @@ def get_registry() -> Registry:
     global _registry
     if _registry is not None:
         return _registry
-    pm = get_plugin_manager()
+    _registry = _build_registry(get_plugin_manager())
+    return _registry
+
+
+def _build_registry(pm: pluggy.PluginManager, strict_for: str | None = None) -> Registry:
+    """Every plugin's components; a plugin whose registration fails is left out whole (a warning),
+    except ``strict_for``, whose failure raises (register_plugin)."""
     reg = Registry()
+    staged: dict[str, list[Entry]] = {}
+    order: list[str] = []
+    failed: dict[str, str] = {}
     for kind, hookname in _HOOKS.items():
         caller = getattr(pm.hook, hookname)
         # Call each implementation on its own, so every entry records which plugin provided it.
         for impl in caller.get_hookimpls():  # trylast (built-ins) first
             provider = impl.plugin_name
+            if provider in failed:
+                continue
+            if provider not in staged:
+                staged[provider] = []
+                order.append(provider)
             origin = _origins.get(provider, "registered at run time")
-            register = _make_register(reg, kind, provider, origin)
+            register = _make_register(staged[provider], kind, provider, origin)
             try:
                 impl.function(register=register)
-            except PluginError:
-                raise
+            except PluginError as exc:
+                failed[provider] = str(exc)
             except Exception as exc:  # noqa: BLE001
-                raise PluginError(
-                    f"Plugin {provider!r} ({origin}) raised in {hookname}: {type(exc).__name__}: {exc}"
-                ) from exc
-    _registry = reg
+                failed[provider] = f"Plugin {provider!r} ({origin}) raised in {hookname}: {type(exc).__name__}: {exc}"
+    if strict_for in failed:
+        raise PluginError(failed[strict_for])
+    for provider in order:
+        if provider in failed:
+            continue
+        trial = Registry()  # this plugin's entries on a copy: all of them, or none
+        trial.entries = {k: dict(v) for k, v in reg.entries.items()}
+        try:
+            for e in staged[provider]:
+                trial.add(e)  # a duplicate name (its own, or an earlier plugin's) raises
+        except PluginError as exc:
+            if provider == strict_for:
+                raise
+            failed[provider] = str(exc)
+            continue
+        reg = trial
+    for provider, why in failed.items():
+        if _broken.get(provider) != why:
+            _leave_out(provider, why)
     return reg
 
 
-def _make_register(reg: Registry, kind: str, provider: str, origin: str):
+def _make_register(reg: list, kind: str, provider: str, origin: str):
     base = KINDS[kind]
 
     def register(cls, name=None, aliases=(), defaults=None, description=None) -> None:
@@ -223,9 +314,9 @@ def _make_register(reg: Registry, kind: str, provider: str, origin: str):
         except Exception as exc:  # noqa: BLE001
             raise PluginError(f"Plugin {provider!r}: defaults for {nm!r} are invalid: {exc}") from exc
         doc = description or (inspect.getdoc(cls) or "").split("\n")[0]
-        reg.add(Entry(kind, nm, cls, provider, origin, defaults, doc))
+        reg.append(Entry(kind, nm, cls, provider, origin, defaults, doc))
         for alias in aliases:
-            reg.add(Entry(kind, alias, cls, provider, origin, defaults, doc, alias_of=nm))
+            reg.append(Entry(kind, alias, cls, provider, origin, defaults, doc, alias_of=nm))
 
     return register
 
@@ -236,3 +327,4 @@ def reset() -> None:
     _pm = None
     _registry = None
     _origins.clear()
+    _broken.clear()

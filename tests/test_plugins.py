@@ -126,11 +126,11 @@ def test_duplicate_name_names_both_providers():
     class Dup(_Echo):
         name = "pld"
 
-    goose.register_plugin(_plugin(goose_register_sources=lambda register: register(Dup)), name="dup-plugin")
     with pytest.raises(goose.PluginError) as ei:
-        goose.get_registry()
+        goose.register_plugin(_plugin(goose_register_sources=lambda register: register(Dup)), name="dup-plugin")
     msg = str(ei.value)
     assert "Duplicate draft source name 'pld'" in msg and "goose.plugins.pld" in msg and "dup-plugin" in msg
+    assert goose.get_registry().get("source", "pld").cls.__name__ == "PLDSource"  # nothing of it stayed
 
 
 @pytest.mark.parametrize(
@@ -145,16 +145,34 @@ def test_duplicate_name_names_both_providers():
     ],
 )
 def test_malformed_registrations_are_refused(register_call, expected):
-    goose.register_plugin(_plugin(goose_register_sources=register_call), name="bad-plugin")
+    """Refused when registered, atomically: nothing stays, the next good plugin and every compose work."""
     with pytest.raises(goose.PluginError) as ei:
-        goose.get_registry()
+        goose.register_plugin(_plugin(goose_register_sources=register_call), name="bad-plugin")
     assert expected in str(ei.value) and "bad-plugin" in str(ei.value)
+    assert goose.manager.get_plugin_manager().get_plugin("bad-plugin") is None
+    assert "abstract" not in goose.get_registry().names("source")
+    goose.register_plugin(_plugin(goose_register_sources=lambda register: register(_Echo)), name="bad-plugin")
+    assert "echo" in goose.get_registry().names("source")  # the same name, now a good plugin
+    out = goose.compose(ToyCausalLM(), None, sources=["pld"], policy="chain").generate([1, 2, 3], max_new_tokens=4)
+    assert len(out.token_ids) == 4
 
 
 def test_hook_with_unknown_name_is_refused():
     bad = _plugin(goose_register_source=lambda register: None)  # typo: missing 's'
-    with pytest.raises(goose.PluginError, match="goose_register_source"):
+    with pytest.raises(goose.PluginError, match="goose_register_source.*Known hooks: .*goose_register_sources"):
         goose.register_plugin(bad, name="typo-plugin")
+    assert goose.manager.get_plugin_manager().get_plugin("typo-plugin") is None  # not left behind
+    goose.register_plugin(_plugin(goose_register_sources=lambda register: register(_Echo)), name="typo-plugin")
+
+
+def test_registering_a_name_twice_and_unregistering_an_unknown_one_are_named():
+    goose.register_plugin(_plugin(goose_register_sources=lambda register: register(_Echo)), name="echo-plugin")
+    with pytest.raises(goose.PluginError, match=r"named 'echo-plugin' is registered already.*unregister_plugin\('echo-plugin'\)"):
+        goose.register_plugin(_plugin(goose_register_sources=lambda register: None), name="echo-plugin")
+    goose.unregister_plugin("echo-plugin")
+    assert "echo" not in goose.get_registry().names("source")
+    with pytest.raises(goose.PluginError, match=r"No plugin named 'echo-plugin' is registered. Registered: .*goose.plugins.pld"):
+        goose.unregister_plugin("echo-plugin")
 
 
 def test_hook_with_wrong_arguments_is_refused():
@@ -171,10 +189,40 @@ def test_entry_point_that_fails_to_load_is_named(monkeypatch):
             raise ImportError("no module named broken_mod")
 
     monkeypatch.setattr(goose.manager.metadata, "entry_points", lambda group: [EP()])
-    with pytest.raises(goose.PluginError) as ei:
+    with pytest.warns(goose.PluginWarning) as rec:
         goose.manager.get_plugin_manager()
-    msg = str(ei.value)
+    msg = str(rec[0].message)
     assert "'broken'" in msg and "broken-dist" in msg and "GOOSE_DISABLE_PLUGIN_AUTOLOAD" in msg
+    # left out alone: the others compose, and the broken one is listed and named in unknown-name errors
+    assert "broken" in goose.broken_plugins()
+    out = goose.compose(ToyCausalLM(), None, sources=["pld"], policy="chain").generate([1, 2, 3], max_new_tokens=4)
+    assert len(out.token_ids) == 4
+    with pytest.raises(goose.UnknownComponentError, match=r"Plugins left out .*broken: entry point 'broken_mod:plugin'"):
+        goose.compose(ToyCausalLM(), None, sources=["broken-source"])
+
+
+def test_an_installed_plugin_with_a_malformed_component_is_left_out_whole(monkeypatch):
+    """An entry-point plugin that registers one good and one abstract source: neither is registered,
+    a warning says why, and every other plugin's components compose (the abstract one poisoned
+    every compose before)."""
+    class Good(_Echo):
+        name = "good-half"
+
+    def reg(register):
+        register(Good)
+        register(goose.DraftSource, name="abstract-half")
+
+    class EP:
+        name, value, dist = "half", "half_mod:plugin", types.SimpleNamespace(name="half-dist")
+
+        def load(self):
+            return _plugin(goose_register_sources=reg)
+
+    monkeypatch.setattr(goose.manager.metadata, "entry_points", lambda group: [EP()])
+    with pytest.warns(goose.PluginWarning, match=r"left plugin 'half' out: .*without implementing: propose"):
+        names = goose.get_registry().names("source")
+    assert "good-half" not in names and "abstract-half" not in names and "pld" in names
+    assert len(goose.compose(ToyCausalLM(), None, sources=["pld", "tr"], policy="spine").generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
 
 
 def test_autoload_can_be_disabled(monkeypatch):

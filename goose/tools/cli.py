@@ -63,9 +63,16 @@ def _cmd_plugins(args) -> int:
                 print(f"      {e.description}")
     from goose.manager import _origins
 
+    from goose.manager import broken_plugins
+
     print("Plugins loaded:")
     for name, plugin in pm.list_name_plugin():
         print(f"  {name}  ({_origins.get(name, '?')})")
+    broken = broken_plugins()
+    if broken:
+        print("Plugins left out:")
+        for name, why in sorted(broken.items()):
+            print(f"  {name}: {why}")
     return 0
 
 
