@@ -515,6 +515,17 @@ class Decoder:
         )
         text = self.tokenizer.decode(new, skip_special_tokens=True) if self.tokenizer is not None else ""
         out = GenerationOutput(new, text, stats, prompt_ids)
+        for s in sources:  # the lifecycle's last call: what was committed, and how
+            try:
+                s.end(out)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
+                raise DraftSourceError(s.name, f"end() raised {type(exc).__name__}: {exc}") from exc
+        try:
+            policy.end(out)
+        except GooseError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise PluginError(f"Tree policy {policy.name!r} raised in end(): {type(exc).__name__}: {exc}") from exc
         if self.hook is not None:
             self.hook.goose_on_generation_end(decoder=self, output=out)
         return out

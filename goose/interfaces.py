@@ -203,6 +203,12 @@ class DraftSource(ABC):
     def begin(self, request: Request) -> None:
         """A generation starts; reset per-request state."""
 
+    def end(self, output) -> None:
+        """A generation finished: ``output`` is its :class:`~goose.decoding.GenerationOutput`
+        (``prompt_ids``, the committed ``token_ids``, ``stats``). Called once per successful
+        ``generate``, after the last step, on the same instance that drafted it: a source that
+        learns across requests updates its history here. (Not called when the generation raised.)"""
+
     @abstractmethod
     def propose(self, state: DraftState) -> Proposal | None:
         """Draft tokens to follow ``state.anchor``, or None when there is nothing to propose."""
@@ -410,6 +416,9 @@ class TreePolicy(ABC):
 
     def begin(self, request: Request) -> None:
         """A generation starts; reset per-request state."""
+
+    def end(self, output) -> None:
+        """A generation finished (see :meth:`DraftSource.end`)."""
 
     def prefill_positions(self, prompt_len: int, wanted: int) -> int:
         """How many trailing prompt positions' logits the prefill computes, given what the sources want.

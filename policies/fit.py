@@ -336,6 +336,9 @@ class FitPolicy(TreePolicy):
                         self.acc[keys[i]] += 1
         self.inner.observe(verified)
 
+    def end(self, output) -> None:
+        self.inner.end(output)
+
     def _account(self, verified: Verified) -> None:
         """Book the step's observed time against the curve, and exploration's loss against plain steps."""
         kind, size, t_end = self._step

@@ -500,6 +500,9 @@ class BypassPolicy(TreePolicy):
             self.accepted += len(verified.path) - 1
         self.inner.observe(verified)
 
+    def end(self, output) -> None:
+        self.inner.end(output)
+
     def stats(self) -> dict:
         return {
             **self.inner.stats(),
