@@ -34,9 +34,26 @@ def component_options(entry: Entry, overrides: Mapping | None):
         ) from exc
 
 
-def build_inner(name: str, options: Mapping | None) -> TreePolicy:
-    """An inner policy by registry name, for wrapping policies (bypass, fit): options validated."""
+class CompositionWarning(UserWarning):
+    """A composed decoder holds a part that will never be used (e.g. a source no policy consults)."""
+
+
+def build_inner(name: str, options: Mapping | None, inherit: Mapping | None = None, outer: str = "") -> TreePolicy:
+    """An inner policy by registry name, for wrapping policies (bypass, fit): options validated.
+
+    ``inherit``: options set on the wrapping policy (e.g. ``spine_source``) that reach the inner
+    one where it has that option; the same option set differently in ``options`` is an error."""
     entry = get_registry().get("policy", name)
+    options = dict(options or {})
+    for key, value in (inherit or {}).items():
+        if value is None or key not in entry.cls.Options.model_fields:
+            continue
+        if key in options and options[key] != value:
+            raise InvalidInputError(
+                f"policy {outer or 'wrapper'!r}: {key}={value!r} and inner_options {key}={options[key]!r} disagree. "
+                f"Hint: set {key} once, on the outer policy; it reaches the policies it wraps."
+            )
+        options[key] = value
     inst = entry.cls(component_options(entry, options))
     inst.name = entry.alias_of or entry.name
     return inst
@@ -104,6 +121,18 @@ def compose(
     ver = _build("verifier", verifier, Verifier, verifier_options)
     ver.bind(model)
     pol.bind(built)
+    consulted = pol.consulted(built)
+    never = [s.name for s in built if consulted is not None and s.name not in consulted]
+    if never:
+        import warnings
+
+        warnings.warn(
+            f"policy {pol.name!r} never consults source(s) {never} of sources={[s.name for s in built]}: it "
+            f"drafts from {sorted(consulted)} only. Hint: drop the unused source; in the spine policies "
+            "spine_source=NAME picks which chain source forms the spine (one chain source per tree).",
+            CompositionWarning,
+            stacklevel=2,
+        )
     if hasattr(pol, "verifier_setup"):  # a fitted policy trusts the latency curve of the verifier's kernels
         vo = getattr(ver, "options", None)
         pol.verifier_setup = ver.setup() if hasattr(ver, "setup") else {k: getattr(vo, k) for k in ("linear", "gqa") if hasattr(vo, k)}

@@ -420,6 +420,11 @@ class TreePolicy(ABC):
     def end(self, output) -> None:
         """A generation finished (see :meth:`DraftSource.end`)."""
 
+    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
+        """After :meth:`bind`: the names of the sources this policy may ever draft from (None: any
+        of them). ``compose`` warns about a source the policy never consults."""
+        return None
+
     def prefill_positions(self, prompt_len: int, wanted: int) -> int:
         """How many trailing prompt positions' logits the prefill computes, given what the sources want.
 

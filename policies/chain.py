@@ -19,6 +19,9 @@ class ChainPolicy(TreePolicy):
     name = "chain"
     Options = ChainOptions
 
+    def consulted(self, sources):
+        return frozenset({self.options.source}) if self.options.source else None
+
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         names = [self.options.source] if self.options.source else [s.name for s in ctx.sources]
         limit = min(ctx.budget - 1, ctx.state.max_depth)
@@ -45,6 +48,9 @@ class GreedyPolicy(TreePolicy):
 
     name = "greedy"
 
+    def consulted(self, sources):
+        return frozenset()
+
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         return None
 
@@ -54,6 +60,9 @@ class ProposalPolicy(TreePolicy):
 
     name = "proposal"
     Options = ChainOptions
+
+    def consulted(self, sources):
+        return frozenset({self.options.source}) if self.options.source else None
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         names = [self.options.source] if self.options.source else [s.name for s in ctx.sources]

@@ -61,6 +61,10 @@ from goose.tree import DraftTree
 class FitOptions(Options):
     inner: str = Field("spine", description="registered policy whose trees are fitted")
     inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy")
+    spine_source: str | None = Field(
+        None, description="the chain source of the spine, passed on to the inner policy (and the policies it "
+        "wraps); None: theirs (the first non-successor source)",
+    )
     latency: dict[int, float] | None = Field(
         None, description="fixed forward latency {tree size: seconds}; None: measured once for the model"
     )
@@ -115,7 +119,12 @@ class FitPolicy(TreePolicy):
         o = self.options
         if o.inner == "fit" or o.inner.endswith("-fit"):
             raise InvalidInputError(f"fit cannot wrap itself (inner={o.inner!r}). Hint: inner='spine'.")
-        self.inner: TreePolicy = build_inner(o.inner, o.inner_options)
+        self.inner: TreePolicy = build_inner(o.inner, o.inner_options, {"spine_source": o.spine_source}, self.name)
+        if o.spine_source is not None and "spine_source" not in type(self.inner).Options.model_fields:
+            raise InvalidInputError(
+                f"policy {self.name!r}: spine_source={o.spine_source!r}, but its inner policy {o.inner!r} has no spine. "
+                "Hint: inner='spine', or drop spine_source."
+            )
         self.curve = None
         self.verifier_setup: dict = {}  # the verifier's kernel options (compose sets them): which curve to trust
         if o.latency:
@@ -130,6 +139,9 @@ class FitPolicy(TreePolicy):
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
         self.inner.bind(sources)
+
+    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
+        return self.inner.consulted(sources)
 
     def attach(self, model) -> None:
         self.inner.attach(model)

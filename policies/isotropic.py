@@ -38,6 +38,7 @@ from goose.policies.spine import (
     chain_only,
     require_some_source,
     resolve_spine_source,
+    spine_and_successors,
     two_source_start,
 )
 from goose.tree import ROOT, DraftTree
@@ -71,6 +72,9 @@ class IsotropicPolicy(TreePolicy):
         require_some_source(self.name, sources)
         self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
         self._bound = True
+
+    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
+        return spine_and_successors(self._spine, sources)
 
     def max_nodes(self, budget: int) -> int:
         return budget + (self.options.extension if self.options.confidence else 0)
@@ -183,6 +187,9 @@ class TRTreePolicy(TreePolicy):
                 f"policy {self.name!r} fills its tree from a successor table, but none of the sources "
                 f"{[s.name for s in sources]} provides successors. Hint: sources=['tr'] (or 'tr-original')."
             )
+
+    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
+        return spine_and_successors(None, sources)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         st = ctx.state

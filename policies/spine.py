@@ -79,6 +79,11 @@ def resolve_spine_source(policy: str, wanted: str | None, sources: Sequence[Draf
     return None
 
 
+def spine_and_successors(spine: str | None, sources: Sequence[DraftSource]) -> frozenset[str]:
+    """What a spine-shaped policy drafts from: its spine source and every successor source."""
+    return frozenset({*([spine] if spine else []), *(s.name for s in sources if s.provides_successors)})
+
+
 def require_some_source(policy: str, sources: Sequence[DraftSource]) -> None:
     if not sources:
         raise InvalidInputError(
@@ -229,6 +234,9 @@ class SpinePolicy(TreePolicy):
         require_some_source(self.name, sources)
         self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
         self._bound = True
+
+    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
+        return spine_and_successors(self._spine, sources)
 
     def max_nodes(self, budget: int) -> int:
         return budget + (self.options.extension if self.options.confidence else 0)
@@ -441,7 +449,7 @@ class BypassPolicy(TreePolicy):
                     f"bypass policies nest more than {_MAX_NESTING} deep (inner={o.inner!r}); does the "
                     "inner policy wrap itself? Hint: inner='spine-tree'."
                 )
-            self.inner: TreePolicy = build_inner(o.inner, o.inner_options)
+            self.inner: TreePolicy = build_inner(o.inner, o.inner_options, {"spine_source": o.spine_source}, self.name)
         finally:
             _NESTING[0] -= 1
         self._spine: str | None = None
@@ -453,6 +461,10 @@ class BypassPolicy(TreePolicy):
         self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
         self.inner.bind(sources)
         self._bound = True
+
+    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
+        inner = self.inner.consulted(sources)
+        return None if inner is None else inner | ({self._spine} if self._spine else set())
 
     def attach(self, model) -> None:
         self.inner.attach(model)
