@@ -81,7 +81,7 @@ def test_spine_source_set_twice_differently_is_an_error():
 
 @pytest.mark.parametrize("policy,extra", [("spine", {}), ("spine-fit", FLAT), ("iso3", {}), ("tr-tree", {})])
 def test_a_source_the_policy_never_consults_is_warned_about(policy, extra):
-    with pytest.warns(CompositionWarning, match=r"never consults source\(s\) \['(echo|pld)'.*Hint: spine_source=NAME"):
+    with pytest.warns(CompositionWarning, match=r"never consults source\(s\) \['(echo|pld)'.*Hint: drop the unused source; in the spine policies spine_source=NAME"):
         goose.compose(ToyCausalLM(V), None, sources=["pld", Echo(), "tr"], policy=policy, policy_options=extra or None)
 
 
