@@ -319,3 +319,42 @@ def test_options_docs_are_up_to_date(monkeypatch):
     want = options_markdown()
     have = (ROOT / "docs" / "options.md").read_text()
     assert have.strip() == want.strip(), "regenerate: GOOSE_DISABLE_PLUGIN_AUTOLOAD=1 goose plugins --options > docs/options.md"
+
+
+class _NeverDrafts(goose.DraftSource):
+    name = "never-drafts"
+
+    def propose(self, state):
+        return None
+
+
+class _Mutates(goose.DraftSource):
+    name = "mutates"
+
+    def propose(self, state):
+        state.tokens.append(1)
+
+
+class _DuplicateSiblings(goose.DraftSource):
+    name = "dup-siblings"
+
+    def propose(self, state):
+        return goose.Proposal(self.name, (1, 1), (-1, -1))
+
+
+@pytest.mark.parametrize("source,test,error,match", [
+    (_NeverDrafts, "test_proposals_are_drafted_and_valid", AssertionError, "never proposed"),
+    (_Mutates, "test_lossless_on_toy", goose.DraftSourceError, "state.tokens is read-only"),
+    (_Mutates, "test_generations_on_one_decoder", goose.DraftSourceError, "state.tokens is read-only"),
+    (_DuplicateSiblings, "test_proposals_are_drafted_and_valid", goose.DraftSourceError, "duplicate siblings"),
+    (_DuplicateSiblings, "test_sampling_is_seed_identical", goose.DraftSourceError, "duplicate siblings"),
+])
+def test_the_kit_fails_a_bad_source(source, test, error, match):
+    class Kit(SourceLosslessnessKit):
+        max_examples = 3
+
+        def make_source(self):
+            return source()
+
+    with pytest.raises(error, match=match):
+        getattr(Kit(), test)()

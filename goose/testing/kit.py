@@ -113,27 +113,60 @@ else:  # pragma: no cover
 
 
 class SourceLosslessnessKit:
-    """Subclass in your plugin's tests and implement :meth:`make_source`; you get:
+    """The checks a draft source must pass, as a pytest base class: subclass it in your plugin's
+    tests and implement :meth:`make_source`. Every check runs your source on Goose's exact toy
+    model (``goose.testing.ToyCausalLM``, whose greedy and sampled continuations are known without
+    a forward pass), under :attr:`policy`:
 
-    - ``test_lossless_on_toy``: output equals from-scratch greedy decoding of the exact toy model,
-      for Hypothesis-drawn prompts, lengths and budgets, with your source drafting;
-    - ``test_proposals_are_valid``: every proposal your source makes is a valid tree under the root.
+    - ``test_lossless_on_toy``: the output equals greedy decoding, for Hypothesis-drawn prompts,
+      lengths, budgets and eos ids;
+    - ``test_proposals_are_drafted_and_valid``: on a repetitive prompt the source proposes at least
+      once (a successor source: answers ``successors`` at least once; unless :attr:`require_drafts`
+      is False), each proposal passes the boundary checks of
+      ``goose.interfaces.check_proposal`` (ids in the vocabulary, parents, no duplicate siblings,
+      finite confidence in [0, 1], credited to the source), the policy verified drafted tokens,
+      and ``state.tokens`` was the same sequence after every ``propose`` as before it;
+    - ``test_generations_on_one_decoder``: several generations in a row on one decoder (the same
+      source instance, so state kept across requests, e.g. a history filled in ``end``, is used),
+      each equal to greedy decoding, ``end`` called once per generation;
+    - ``test_sampling_is_seed_identical``: sampling (temperature, top-k) with a seeded generator
+      draws exactly what one-token sampling of the toy model draws with the same seed.
+
+    Attributes a subclass may set:
+
+    - ``vocab_size`` (16): the toy model's vocabulary;
+    - ``policy`` ("proposal"): the tree policy the source drafts under ("proposal" verifies the
+      proposal as proposed, any tree shape; "spine" for a chain source beside "tr", ...);
+    - ``extra_sources`` (()): sources composed after yours (e.g. ("tr",) for the spine policies);
+    - ``max_examples`` (30): Hypothesis examples per property;
+    - ``require_drafts`` (True): whether the source must propose on a repetitive prompt.
     """
 
     vocab_size = 16
     policy = "proposal"
+    extra_sources: tuple = ()
     max_examples = 30
+    require_drafts = True
 
     def make_source(self) -> DraftSource | str | tuple:  # pragma: no cover - to override
         raise NotImplementedError
 
-    def _run(self, prompt: Sequence[int], max_new: int, budget: int, eos: int | None):
+    def _decoder(self, budget: int = 16, eos: int | None = None, spy: bool = False):
         import goose
-        from goose.testing.toy import ToyCausalLM, reference_greedy
+        from goose.testing.toy import ToyCausalLM
 
-        model = ToyCausalLM(self.vocab_size, eos_token_id=eos)
-        dec = goose.compose(model, None, sources=[self.make_source()], policy=self.policy, budget=budget)
-        out = dec.generate(list(prompt), max_new_tokens=max_new)
+        model = ToyCausalLM(self.vocab_size, eos_token_id=eos, max_positions=4096)
+        src = self.make_source()
+        dec = goose.compose(model, None, sources=[src, *self.extra_sources], policy=self.policy, budget=budget)
+        if spy:
+            _spy(dec, self.vocab_size)
+        return dec
+
+    def _run(self, prompt: Sequence[int], max_new: int, budget: int, eos: int | None, dec=None):
+        from goose.testing.toy import reference_greedy
+
+        dec = dec or self._decoder(budget, eos)
+        out = dec.generate(list(prompt), max_new_tokens=max_new, do_sample=False)
         ref = reference_greedy(prompt, max_new, self.vocab_size, [] if eos is None else [eos])
         assert out.token_ids == ref, f"diverged: got {out.token_ids}, greedy {ref}"
         return out
@@ -154,9 +187,92 @@ class SourceLosslessnessKit:
 
         prop()
 
-    def test_proposals_are_valid(self):
-        import goose
+    def test_proposals_are_drafted_and_valid(self):
+        dec = self._decoder(12, spy=True)
+        out = self._run(list(range(self.vocab_size)) * 3, 30, 12, None, dec)
+        seen = dec._kit_spy
+        assert not seen["mutated"], f"state.tokens changed during propose(): {seen['mutated'][:3]}"
+        assert not seen["invalid"], f"invalid proposals: {seen['invalid'][:3]}"
+        if self.require_drafts:
+            assert seen["proposals"] > 0, "the source never proposed on a repetitive prompt (set require_drafts = False if that is intended)"
+            drafted = sum(v["drafted"] for v in out.stats.per_source.values())
+            assert drafted > 0, "the policy verified none of the source's drafts"
 
-        out = self._run(list(range(self.vocab_size)) * 3, 30, 12, None)
-        assert out.stats.forward_passes >= 1
-        _ = goose  # the loop validated every tree it verified (DraftTree raises on invalid ones)
+    def test_generations_on_one_decoder(self):
+        from hypothesis import given, settings
+        from hypothesis import strategies as hs
+
+        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
+        @given(prompts=hs.lists(hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
+                                min_size=2, max_size=4),
+               max_new=hs.integers(8, 30))  # long enough to draft (a 1-token generation drafts nothing)
+        def prop(prompts, max_new):
+            dec = self._decoder(16, spy=True)
+            for prompt in [*prompts, prompts[0]]:  # the first prompt again, last: what a history would serve
+                self._run(prompt, max_new, 16, None, dec)
+            assert dec._kit_spy["ends"] == len(prompts) + 1, "end() was not called once per generation"
+
+        prop()
+
+    def test_sampling_is_seed_identical(self):
+        import torch
+        from hypothesis import given, settings
+        from hypothesis import strategies as hs
+
+        from goose.testing.toy import reference_sample
+        from goose.verifiers.sampling import Sampling, build_processors
+
+        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
+        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
+               max_new=hs.integers(8, 30), seed=hs.integers(0, 2**16),
+               temperature=hs.sampled_from([0.5, 1.0, 1.5]), top_k=hs.sampled_from([None, 4]))
+        def prop(prompt, max_new, seed, temperature, top_k):
+            dec = self._decoder(16)
+            p = {"do_sample": True, "temperature": temperature, "top_k": top_k}
+            out = dec.generate(prompt, max_new_tokens=max_new, generator=torch.Generator().manual_seed(seed), **p)
+            procs = build_processors(Sampling(**p), len(prompt), [])
+            ref = reference_sample(prompt, max_new, self.vocab_size, procs, torch.Generator().manual_seed(seed))
+            assert out.token_ids == ref, f"sampling diverged: got {out.token_ids}, one-token sampling {ref}"
+
+        prop()
+
+
+def _spy(dec, vocab_size: int) -> None:
+    """Record, on ``dec._kit_spy``, every proposal of the decoder's first source as it leaves it
+    (checked), whether ``state.tokens`` changed during propose, and the ``end`` calls."""
+    from goose.errors import DraftSourceError
+    from goose.interfaces import check_proposal
+
+    seen = {"proposals": 0, "invalid": [], "mutated": [], "ends": 0}
+    dec._kit_spy = seen
+    src = dec._idle[0].sources[0]
+    propose, end = src.propose, src.end
+
+    def spied_propose(state):
+        before = list(state.tokens)
+        prop = propose(state)
+        if list(state.tokens) != before:
+            seen["mutated"].append((before, list(state.tokens)))
+        if prop is not None:
+            seen["proposals"] += 1
+            try:
+                check_proposal(src.name, prop, vocab_size)
+            except DraftSourceError as exc:
+                seen["invalid"].append(str(exc))
+        return prop
+
+    def spied_end(output):
+        seen["ends"] += 1
+        return end(output)
+
+    src.propose, src.end = spied_propose, spied_end
+    if src.provides_successors:  # a successor source drafts through successors()
+        successors = src.successors
+
+        def spied_successors(token, prev):
+            ids, scores = successors(token, prev)
+            if len(ids):
+                seen["proposals"] += 1
+            return ids, scores
+
+        src.successors = spied_successors
