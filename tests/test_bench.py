@@ -342,3 +342,33 @@ def test_bench_sampling_options_are_checked_before_loading_anything(extra, msg, 
 def test_calibrate_refuses_a_bad_thread_count(capsys):
     assert main(["calibrate", "--threads", "0"]) == 2
     assert "--threads 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_method_specs_take_options():
+    assert bench.preset("suffix{history=0}+pld+tr/spine-fit{spine_source=suffix}") == {
+        "sources": [("suffix", {"history": 0}), "pld", "tr"], "policy": "spine-fit",
+        "policy_options": {"spine_source": "suffix"}}
+    assert bench.preset("pld{max_chain=16,extend=false}+tr{k=4}/iso3") == {
+        "sources": [("pld", {"max_chain": 16, "extend": False}), ("tr", {"k": 4})], "policy": "iso3"}
+    assert bench.preset("pld+tr/spine") == {"sources": ["pld", "tr"], "policy": "spine"}
+    bench.check_method("pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld}")
+    with pytest.raises(InvalidInputError, match=r"max_chian"):
+        bench.check_method("pld{max_chian=16}/chain")
+    with pytest.raises(InvalidInputError, match=r"must be written pld\{key=value,...\}"):
+        bench.preset("pld{max_chain=16/chain")
+    with pytest.raises(InvalidInputError, match=r"option 'max_chain' of 'pld' is not key=value"):
+        bench.preset("pld{max_chain}/chain")
+
+
+def test_a_method_with_options_is_benchmarked(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "opts"
+    rc = main(["bench", "--model", str(tiny_model_dir), "--datasets", "demo@1", "--max-new-tokens", "16", "--methods",
+               "pld{max_chain=4}/chain", "--threads", "1", "--warmup", "0", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert {r["method"] for r in data["runs"]} == {"ar", "pld{max_chain=4}/chain"}
+    assert data["mismatches"] == []
+    # refused before the model loads
+    rc = main(["bench", "--model", str(tiny_model_dir), "--datasets", "demo@1", "--methods", "pld{max_chian=4}/chain",
+               "--no-plots", "--out", ""])
+    assert rc != 0 and "max_chian" in capsys.readouterr().err

@@ -61,8 +61,48 @@ BASELINES = ("ar", "hf-pld")
 METHODS_HELP = (
     "comma-separated: ar (transformers greedy, always run first), hf-pld (transformers prompt lookup), "
     + ", ".join(PRESETS)
-    + ", or SRC+SRC/POLICY for any registered components (e.g. pld+tr/iso3)"
+    + ", or SRC+SRC/POLICY for any registered components (e.g. pld+tr/iso3), each with options in "
+    "braces (e.g. pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld})"
 )
+
+
+def _value(text: str):
+    """An option value written in a method spec: int, float, true/false, none, else the string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def _component(spec: str, method: str):
+    """``name`` or ``name{key=value,...}`` -> name, or (name, options)."""
+    from goose.errors import InvalidInputError
+
+    name, brace, rest = spec.partition("{")
+    name = name.strip()
+    if not name:
+        raise InvalidInputError(f"method {method!r}: an empty component name. Hint: pld+tr/spine, or pld{{max_chain=16}}/chain")
+    if not brace:
+        return name
+    if not rest.endswith("}") or "{" in rest[:-1] or "}" in rest[:-1]:
+        raise InvalidInputError(
+            f"method {method!r}: options of {name!r} must be written {name}{{key=value,...}}, got {spec!r}. "
+            "Hint: pld{max_chain=16}"
+        )
+    opts = {}
+    for item in [x for x in rest[:-1].split(",") if x.strip()]:
+        key, eq, val = item.partition("=")
+        if not eq or not key.strip():
+            raise InvalidInputError(f"method {method!r}: option {item!r} of {name!r} is not key=value. Hint: {name}{{key=value}}")
+        opts[key.strip()] = _value(val)
+    return (name, opts) if opts else name
 
 
 def preset(name: str) -> dict:
@@ -71,12 +111,43 @@ def preset(name: str) -> dict:
     if name in PRESETS:
         return PRESETS[name]
     if "/" in name:
-        srcs, _, pol = name.partition("/")
-        return {"sources": [s for s in srcs.split("+") if s], "policy": pol}
+        srcs, _, pol = _split_policy(name)
+        policy = _component(pol, name)
+        out = {"sources": [_component(s, name) for s in srcs.split("+") if s.strip()]}
+        if isinstance(policy, tuple):
+            out["policy"], out["policy_options"] = policy[0], policy[1]
+        else:
+            out["policy"] = policy
+        return out
     raise InvalidInputError(
         f"Unknown method {name!r}. Available: {', '.join((*BASELINES, *PRESETS))}, or SRC+SRC/POLICY."
         f"{did_you_mean(name, (*BASELINES, *PRESETS))}"
     )
+
+
+def check_method(name: str) -> None:
+    """Refuse an unknown method, component or option before any model is loaded."""
+    from goose.compose import component_options
+    from goose.manager import get_registry
+
+    kw = preset(name)
+    reg = get_registry()
+    for spec in kw.get("sources", []):
+        src, opts = (spec, None) if isinstance(spec, str) else spec
+        component_options(reg.get("source", src), opts)
+    component_options(reg.get("policy", kw["policy"]), kw.get("policy_options"))
+
+
+def _split_policy(name: str) -> tuple[str, str, str]:
+    """``SRC+SRC/POLICY``: the last '/' outside braces."""
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        c = name[i]
+        depth += c == "}"
+        depth -= c == "{"
+        if c == "/" and depth == 0:
+            return name[:i], "/", name[i + 1:]
+    return name, "", ""
 
 
 def method_decoder(name: str, model, tok, budget: int | None = None):
@@ -385,7 +456,7 @@ def run(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         if m not in BASELINES:
-            preset(m)
+            check_method(m)
     if "ar" not in methods:
         methods = ["ar", *methods]
     methods = ["ar", *[m for m in methods if m != "ar"]]
