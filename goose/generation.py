@@ -62,8 +62,6 @@ def uses_transformers(model) -> bool:
 def resolve(model, ids: torch.Tensor, max_new_tokens: int, given: dict, logits_processor=None,
             stopping_criteria=None) -> Resolved:
     """The processors, criteria and values ``model.generate(ids, max_new_tokens=..., **given)`` would use."""
-    from goose.hf import _plain_criteria
-
     kw = dict(given)
     if logits_processor is not None:
         kw["logits_processor"] = logits_processor
@@ -77,12 +75,18 @@ def resolve(model, ids: torch.Tensor, max_new_tokens: int, given: dict, logits_p
     except ValueError as exc:  # transformers' own validation (e.g. a processor type it also builds)
         raise InvalidInputError(f"transformers' generate refused these arguments: {exc}") from exc
     refuse(gc)
+    return from_transformers(gc, procs, criteria)
+
+
+def from_transformers(gc, procs, criteria) -> Resolved:
+    """The rule of what transformers' ``generate`` prepared: its config, processors and criteria."""
+    from goose.hf import _plain_criteria
+
     plain, eos = _plain_criteria(criteria)
     values = {k: getattr(gc, k, None) for k in ARGUMENTS}
-    return Resolved(
-        bool(gc.do_sample), gc.temperature if gc.do_sample else None, list(procs), None if plain else criteria,
-        eos, values, "transformers",
-    )
+    sample = bool(getattr(gc, "do_sample", False))
+    return Resolved(sample, gc.temperature if sample else None, list(procs), None if plain else criteria,
+                    eos, values, "transformers")
 
 
 def explicit(given: dict, prompt_len: int, eos_ids, logits_processor=None, stopping_criteria=None) -> Resolved:

@@ -131,18 +131,14 @@ def _refuse(generation_config, input_ids, model_kwargs, assistant) -> None:
             f"at a time, with its own draft sources. Hint: {hint}"
         )
 
+    from goose import generation
+
     # generate has already expanded the batch for beams and return sequences: name those first
-    if getattr(generation_config, "num_beams", 1) not in (None, 1):
-        no("num_beams", generation_config.num_beams, "drop custom_generate for beam search")
-    if getattr(generation_config, "num_return_sequences", 1) not in (None, 1):
-        no("num_return_sequences", generation_config.num_return_sequences, "call generate once per sequence")
+    generation.refuse(generation_config)
     if input_ids.shape[0] != 1:
         no("batch size", input_ids.shape[0], "call generate once per prompt (or drop custom_generate for batches)")
     if assistant is not None:
         no("assistant_model", type(assistant).__name__, "Goose drafts without a draft model; drop assistant_model")
-    for k in ("prompt_lookup_num_tokens", "assistant_early_exit"):
-        if getattr(generation_config, k, None) is not None:
-            no(k, getattr(generation_config, k), f"drop {k}: Goose does its own drafting")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
         no("attention_mask with padding", "zeros in the mask", "pass the unpadded prompt")
@@ -213,14 +209,9 @@ def hf_generate(
         stopping_criteria = StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tok, list(stop_strings))])
     from goose import generation
 
-    plain, eos = _plain_criteria(stopping_criteria)
-    resolved = generation.Resolved(
-        do_sample, generation_config.temperature if do_sample else None, list(logits_processor),
-        None if plain else stopping_criteria, eos,
-        {k: getattr(generation_config, k, None) for k in generation.ARGUMENTS}, "transformers",
-    )
+    resolved = generation.from_transformers(generation_config, logits_processor, stopping_criteria)
     out = dec._decode(
-        dec._prompt_ids(input_ids[0]), max_new, eos, resolved, None, streamer, record,
+        dec._prompt_ids(input_ids[0]), max_new, resolved.stop_ids, resolved, None, streamer, record,
         stream_prompt=False,  # generate has put the prompt already
     )
     new = torch.tensor([out.token_ids], dtype=torch.long, device=input_ids.device)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
@@ -319,15 +320,10 @@ def _as_id(t):
     """An int for integer-valued ids (numpy or 0-d torch integers), anything else as it is."""
     if isinstance(t, bool) or isinstance(t, int):
         return t
+    if isinstance(t, np.integer):
+        return int(t)
     if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.dtype.is_floating_point and t.dtype != torch.bool:
         return int(t)
-    try:
-        import numpy as np
-
-        if isinstance(t, np.integer):
-            return int(t)
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
     return t
 
 

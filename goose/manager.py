@@ -109,6 +109,10 @@ _origins: dict[str, str] = {}
 _broken: dict[str, str] = {}  # plugin name -> why it was left out
 
 
+def _known_hooks() -> str:
+    return ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("goose_")))
+
+
 def broken_plugins() -> dict[str, str]:
     """Installed plugins that were left out, and why (empty when every plugin loaded)."""
     get_registry()
@@ -138,7 +142,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
     except pluggy.PluginValidationError as exc:
         raise PluginError(
             f"Plugin {exc.plugin_name!r} implements a hook Goose does not define: {exc}. "
-            f"Known hooks: {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('goose_')))}."
+            f"Known hooks: {_known_hooks()}."
         ) from exc
     _pm = pm
     return pm
@@ -166,7 +170,7 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
             if pm.get_plugin(ep.name) is not None:
                 pm.unregister(name=ep.name)
             _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r} is malformed: {exc}. "
-                       f"Known hooks: {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('goose_')))}.")
+                       f"Known hooks: {_known_hooks()}.")
             continue
         _origins[ep.name] = f"entry point {ep.value} ({dist})"
 
@@ -197,7 +201,7 @@ def register_plugin(plugin: object, name: str | None = None) -> None:
         except pluggy.PluginValidationError as exc:
             raise PluginError(
                 f"Plugin {pname!r} is malformed: {exc}. Known hooks: "
-                f"{', '.join(sorted(n for n in dir(hookspecs) if n.startswith('goose_')))}."
+                f"{_known_hooks()}."
             ) from exc
         except ValueError as exc:
             raise PluginError(f"Plugin {pname!r} is malformed: {exc}") from exc
@@ -238,8 +242,7 @@ def _build_registry(pm: pluggy.PluginManager, strict_for: str | None = None) -> 
     """Every plugin's components; a plugin whose registration fails is left out whole (a warning),
     except ``strict_for``, whose failure raises (register_plugin)."""
     reg = Registry()
-    staged: dict[str, list[Entry]] = {}
-    order: list[str] = []
+    staged: dict[str, list[Entry]] = {}  # plugin -> its entries, in the order the plugins registered
     failed: dict[str, str] = {}
     for kind, hookname in _HOOKS.items():
         caller = getattr(pm.hook, hookname)
@@ -248,11 +251,8 @@ def _build_registry(pm: pluggy.PluginManager, strict_for: str | None = None) -> 
             provider = impl.plugin_name
             if provider in failed:
                 continue
-            if provider not in staged:
-                staged[provider] = []
-                order.append(provider)
             origin = _origins.get(provider, "registered at run time")
-            register = _make_register(staged[provider], kind, provider, origin)
+            register = _make_register(staged.setdefault(provider, []), kind, provider, origin)
             try:
                 impl.function(register=register)
             except PluginError as exc:
@@ -261,7 +261,7 @@ def _build_registry(pm: pluggy.PluginManager, strict_for: str | None = None) -> 
                 failed[provider] = f"Plugin {provider!r} ({origin}) raised in {hookname}: {type(exc).__name__}: {exc}"
     if strict_for in failed:
         raise PluginError(failed[strict_for])
-    for provider in order:
+    for provider in staged:
         if provider in failed:
             continue
         trial = Registry()  # this plugin's entries on a copy: all of them, or none

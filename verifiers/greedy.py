@@ -215,10 +215,11 @@ class GreedyTreeVerifier(Verifier):
         """Which form each tree size's linear layers run in, and the memory the packed weights take."""
         forms = self._forms or {}
         in_use = "packed" in forms.values() or self.options.linear == "packed"
+        mib = round(skinny.packed_bytes(self._linears) / 2**20, 1) if in_use else 0.0
         return {
             "option": self.options.linear,
-            "packed": bool(in_use and skinny.packed_bytes(self._linears)),
-            "packed_mib": round(skinny.packed_bytes(self._linears) / 2**20, 1) if in_use else 0.0,
+            "packed": mib > 0,
+            "packed_mib": mib,
             "pack_limit_mib": round(skinny.pack_limit(self.options.pack_limit_mib) / 2**20),
             "forms": {str(k): f for k, f in sorted(forms.items())},
         }

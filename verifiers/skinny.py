@@ -91,7 +91,6 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
         have = _packs.get(m)
         if have is None or have[0] != w.data_ptr() or have[1] != w._version:
             _packs.pop(m, None)  # the stale pack is freed before its successor is measured
-            have = None
             before = resident_bytes()
             # the row count only sizes MKL's scratch; the packed layout serves any row count
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 8)
@@ -168,27 +167,28 @@ def packed_bytes(modules: list[torch.nn.Linear]) -> int:
     return sum(_packs[m][3] for m in modules if m in _packs)
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (``VmRSS``); 0 where that cannot be read."""
+def _proc_bytes(path: str, key: str) -> int:
+    """A ``key: N kB`` line of a /proc file, in bytes; 0 where it cannot be read."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (``VmRSS``); 0 where that cannot be read."""
+    return _proc_bytes("/proc/self/status", "VmRSS")
+
+
 def available_memory() -> int:
     """Bytes the system reports available (``MemAvailable``); 0 where that cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    have = _proc_bytes("/proc/meminfo", "MemAvailable")
+    if have:
+        return have
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

@@ -389,6 +389,17 @@ def memory_line(runs: list[Run], methods: list[str]) -> str | None:
             f"limit {limit:,} MiB, verifier option pack_limit_mib): " + ", ".join(parts))
 
 
+def report_md(rows: list[dict], runs: list[Run], methods: list[str], prof: list[dict]) -> str:
+    """The results table, the packed weights' memory line and the profile, as goose bench and report print them."""
+    md = table(rows)
+    mem = memory_line(runs, methods)
+    if mem:
+        md += "\n\n" + mem
+    if prof:
+        md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)
+    return md
+
+
 def _f(v, fmt="{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -521,12 +532,7 @@ def run(args) -> int:
     print(file=sys.stderr)
     rows = summarize(runs, methods)
     prof = profile(runs, methods)
-    md = table(rows)
-    mem = memory_line(runs, methods)
-    if mem:
-        md += "\n\n" + mem
-    if prof:
-        md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)
+    md = report_md(rows, runs, methods, prof)
     noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
     meta = {
         "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
@@ -770,14 +776,7 @@ def summarize_file(
         done.setdefault((r.dataset, r.prompt_id), set()).add(r.method)
     runs = [r for r in runs if done[(r.dataset, r.prompt_id)] == set(methods)]
     rows = summarize(runs, methods)
-    md = table(rows)
-    mem = memory_line(runs, methods)
-    if mem:
-        md += "\n\n" + mem
-    prof = profile(runs, methods)
-    if prof:
-        md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)
-    return md, rows, runs
+    return report_md(rows, runs, methods, profile(runs, methods)), rows, runs
 
 
 def add_report_parser(sub) -> None:
