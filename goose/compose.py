@@ -128,8 +128,8 @@ def compose(
 
         warnings.warn(
             f"policy {pol.name!r} never consults source(s) {never} of sources={[s.name for s in built]}: it "
-            f"drafts from {sorted(consulted)} only. Hint: drop the unused source; in the spine policies "
-            "spine_source=NAME picks which chain source forms the spine (one chain source per tree).",
+            f"drafts from {sorted(consulted)} only. Hint: drop the unused source, or use a policy "
+            "that merges every source's chain into its tree (chain, spine, spine-fit, iso3).",
             CompositionWarning,
             stacklevel=2,
         )

@@ -28,7 +28,7 @@ class Stats:
     generated_tokens: int
     forward_passes: int  # target forwards, prefill included
     steps: int  # verification cycles after the prefill
-    per_source: dict  # {origin: {"drafted": int, "accepted": int}}
+    per_source: dict  # {source name: {"drafted": int, "accepted": int}}: a node two sources proposed counts for both
     routes: dict  # {route: cycles}
     accept_lengths: tuple[int, ...]  # accepted draft tokens per cycle
     time_s: dict  # {"draft": s (sources + tree shaping), "sources": s, "verify": s, "observe": s, "total": s}
@@ -61,8 +61,11 @@ class Stats:
         a = self.accept_lengths
         return (sum(a) / len(a) + 1.0) if a else 0.0
 
-    def acceptance(self, origin: str) -> float:
-        d = self.per_source.get(origin, {})
+    per_origin: dict = field(default_factory=dict)  # {origin (role in the tree: spine, branch, ...): {"drafted", "accepted"}}
+
+    def acceptance(self, source: str) -> float:
+        """Accepted / drafted of a source (or, failing that, of an origin such as ``"spine"``)."""
+        d = self.per_source.get(source) or self.per_origin.get(source, {})
         return d.get("accepted", 0) / d["drafted"] if d.get("drafted") else 0.0
 
     def to_dict(self) -> dict:
@@ -74,6 +77,7 @@ class Stats:
             "steps": self.steps,
             "mean_accept_length": self.mean_accept_length,
             "per_source": self.per_source,
+            "per_origin": self.per_origin,
             "routes": self.routes,
             "time_s": self.time_s,
             "stopped_by": self.stopped_by,
@@ -388,8 +392,10 @@ class Decoder:
         if self.hook is not None:
             self.hook.goose_on_generation_start(decoder=self, request=request)
 
-        drafted: Counter = Counter()
+        drafted: Counter = Counter()  # by source name
         accepted: Counter = Counter()
+        o_drafted: Counter = Counter()  # by origin
+        o_accepted: Counter = Counter()
         routes: Counter = Counter()
         route_time: Counter = Counter()
         accept_lengths: list[int] = []
@@ -458,11 +464,15 @@ class Decoder:
                 t_draft += t1 - t0
                 t_verify += t2 - t1
                 t_observe += t3 - t2
-                origins = tree.origins
+                origins, credited = tree.origins, tree.credited
                 for i in range(1, tree.num_nodes):
-                    drafted[origins[i]] += 1
+                    o_drafted[origins[i]] += 1
+                    for s in credited(i):
+                        drafted[s] += 1
                 for i in v.path[1:]:
-                    accepted[origins[i]] += 1
+                    o_accepted[origins[i]] += 1
+                    for s in credited(i):
+                        accepted[s] += 1
                 routes[tree.route] += 1
                 route_time[tree.route] += t2 - t1
                 accept_lengths.append(len(v.path) - 1)
@@ -481,6 +491,7 @@ class Decoder:
                 rule.finish()
 
         per_source = {o: {"drafted": drafted[o], "accepted": accepted[o]} for o in sorted(drafted)}
+        per_origin = {o: {"drafted": o_drafted[o], "accepted": o_accepted[o]} for o in sorted(o_drafted)}
         extra = {}
         for s in sources:
             if s.stats():
@@ -512,6 +523,7 @@ class Decoder:
             stopped_by,
             extra,
             dict(route_time),
+            per_origin,
         )
         text = self.tokenizer.decode(new, skip_special_tokens=True) if self.tokenizer is not None else ""
         out = GenerationOutput(new, text, stats, prompt_ids)
@@ -603,13 +615,4 @@ def _cut(committed: tuple[int, ...], stops, room: int) -> tuple[int, ...]:
 
 def prune(tree: DraftTree, max_depth: int) -> DraftTree:
     """Drop nodes deeper than ``max_depth`` (their subtrees go with them)."""
-    keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]
-    remap = {old: new for new, old in enumerate(keep)}
-    return DraftTree(
-        tuple(tree.tokens[i] for i in keep),
-        tuple(-1 if i == 0 else remap[tree.parents[i]] for i in keep),
-        tuple(tree.origins[i] for i in keep),
-        None if tree.scores is None else tuple(tree.scores[i] for i in keep),
-        tree.route,
-        dict(tree.meta),
-    )
+    return tree.subtree([i for i, d in enumerate(tree.depths) if d <= max_depth])

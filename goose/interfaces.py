@@ -153,6 +153,7 @@ class Proposal:
             (ROOT, *origins),
             None if self.scores is None else (1.0, *self.scores),
             route or ("chain" if self.is_chain else "tree"),
+            ((),) + ((self.source,),) * len(self.tokens),
         )
 
 

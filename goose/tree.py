@@ -2,8 +2,10 @@
 
 A tree is a parent-index array: node 0 is the root (the anchor: the last committed token, whose
 key/value entries are not yet in the cache), ``parents[0] == -1`` and ``0 <= parents[i] < i``.
-Every node carries the token it proposes, an origin label (which source drafted it) and an
-optional score. Depths, the ancestor mask, position ids, the 4-D additive attention mask and the
+Every node carries the token it proposes, an origin label (its role in the tree's shape: the
+spine, a side chain, a branch; or, for a policy that does not say, the source that drafted it),
+optionally the names of the sources that proposed it (a token proposed by two sources is one node
+that both vouch for) and an optional score. Depths, the ancestor mask, position ids, the 4-D additive attention mask and the
 root-to-leaf paths are functions of the parents alone.
 """
 
@@ -31,9 +33,45 @@ class DraftTree:
     scores: tuple[float, ...] | None = None  # [num_nodes] optional drafter scores
     route: str = "tree"  # how the policy shaped it: "tree", "spine", "chain", "single", ...
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    # [num_nodes] names of the sources that proposed each node (root: ()); None: the origins say
+    sources: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         validate(self.tokens, self.parents, self.origins, self.scores)
+        if self.sources is not None:
+            if len(self.sources) != len(self.tokens):
+                raise InvalidTreeError(
+                    f"sources has {len(self.sources)} entries but tokens has {len(self.tokens)}; they must match"
+                )
+            for i, s in enumerate(self.sources):
+                if not isinstance(s, tuple) or not all(isinstance(x, str) and x for x in s):
+                    raise InvalidTreeError(f"node {i}: sources must be a tuple of source names, got {s!r}")
+
+    def credited(self, i: int) -> tuple[str, ...]:
+        """The sources credited with node ``i``: its ``sources`` when the policy recorded them,
+        else its origin (the label a policy that records no sources gives)."""
+        if self.sources is not None and self.sources[i]:
+            return self.sources[i]
+        return (self.origins[i],)
+
+    def label(self, i: int) -> str:
+        """``origin:source+source`` (e.g. ``spine:pld+suffix``, ``branch:tr``), or the origin alone."""
+        if self.sources is not None and self.sources[i]:
+            return f"{self.origins[i]}:{'+'.join(self.sources[i])}"
+        return self.origins[i]
+
+    def subtree(self, keep: Sequence[int]) -> DraftTree:
+        """The tree of nodes ``keep`` (ascending, root first, each node's parent kept), renumbered."""
+        remap = {old: new for new, old in enumerate(keep)}
+        return DraftTree(
+            tuple(self.tokens[i] for i in keep),
+            tuple(-1 if i == 0 else remap[self.parents[i]] for i in keep),
+            tuple(self.origins[i] for i in keep),
+            None if self.scores is None else tuple(self.scores[i] for i in keep),
+            self.route,
+            dict(self.meta),
+            None if self.sources is None else tuple(self.sources[i] for i in keep),
+        )
 
     # ---- constructors -------------------------------------------------------------------------
     @classmethod
@@ -44,6 +82,7 @@ class DraftTree:
         origins: Sequence[str] | str,
         scores: Sequence[float] | None = None,
         route: str = "tree",
+        sources: Sequence[Sequence[str]] | None = None,
         **meta,
     ) -> DraftTree:
         tokens = tuple(int(t) for t in tokens)
@@ -56,6 +95,7 @@ class DraftTree:
             None if scores is None else tuple(float(s) for s in scores),
             route,
             meta,
+            None if sources is None else tuple(tuple(s) for s in sources),
         )
 
     @classmethod
@@ -64,8 +104,10 @@ class DraftTree:
         return cls((int(root),), (-1,), (ROOT,), None, "single", {})
 
     @classmethod
-    def from_chain(cls, root: int, chain: Sequence[int], origin: str, route: str = "chain") -> DraftTree:
-        """A plain chain ``root -> chain[0] -> chain[1] -> ...``."""
+    def from_chain(
+        cls, root: int, chain: Sequence[int], origin: str, route: str = "chain", source: str | None = None
+    ) -> DraftTree:
+        """A plain chain ``root -> chain[0] -> chain[1] -> ...`` (``source``: who proposed it)."""
         n = len(chain)
         return cls(
             (int(root), *(int(t) for t in chain)),
@@ -74,6 +116,7 @@ class DraftTree:
             None,
             route if n else "single",
             {},
+            None if source is None else ((),) + ((source,),) * n,
         )
 
     @classmethod

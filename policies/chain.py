@@ -6,41 +6,60 @@ from pydantic import Field
 
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, Options, TreePolicy
+from goose.policies.merge import SourceRates, gather, rank
 from goose.tree import DraftTree
 
 
 class ChainOptions(Options):
-    source: str | None = Field(None, description="source whose proposal to verify; default: the first that proposes")
+    source: str | None = Field(
+        None, description="source whose proposal to verify; default: chain: the chain with the most expected "
+        "accepted tokens under each source's measured acceptance; proposal: the first that proposes",
+    )
 
 
 class ChainPolicy(TreePolicy):
-    """Verify the first source's proposal as one chain, cut to the budget; nothing: a single step."""
+    """Verify one chain, cut to the budget; nothing: a single step.
+
+    With several sources and no ``source`` option, every source's chain is gathered each step and
+    the one with the most expected accepted tokens under its source's measured acceptance is
+    verified (policies/merge.py: the order of ``sources=[...]`` never decides); every chain is
+    measured against the target's tokens, verified or not, so a source that starts drafting
+    better chains takes over.
+    """
 
     name = "chain"
     Options = ChainOptions
 
+    def __init__(self, options: ChainOptions | None = None):
+        super().__init__(options)
+        self.rates = SourceRates()
+        self._names: tuple[str, ...] | None = None
+
     def consulted(self, sources):
         return frozenset({self.options.source}) if self.options.source else None
+
+    def begin(self, request) -> None:
+        self.rates.begin(fresh=request is None)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         names = [self.options.source] if self.options.source else [s.name for s in ctx.sources]
         limit = min(ctx.budget - 1, ctx.state.max_depth)
-        for name in names:
-            prop = ctx.proposal(name)
-            if prop is None or not len(prop):
-                continue
-            if not prop.is_chain:  # a tree proposal: keep its first root-to-leaf chain
-                chain, node = [], -1
-                for i, p in enumerate(prop.parents):
-                    if p == node:
-                        chain.append(prop.tokens[i])
-                        node = i
-            else:
-                chain = list(prop.tokens)
-            if limit <= 0:
-                return None
-            return DraftTree.from_chain(ctx.state.anchor, chain[:limit], prop.source)
-        return None
+        ranked = rank(gather(ctx, names), self.rates)
+        if not ranked or limit <= 0:
+            return None
+        lead = ranked[0]
+        chains = {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}
+        tree = DraftTree.from_chain(ctx.state.anchor, lead.tokens[:limit], lead.source, source=lead.source)
+        tree.meta["chains"] = chains
+        return tree
+
+    def observe(self, verified) -> None:
+        if verified.kind == "tree" and verified.tree is not None:
+            self.rates.observe(verified.tree, verified.path, verified.bonus)
+
+    def stats(self) -> dict:
+        snap = self.rates.snapshot()
+        return {"source_rates": snap} if snap else {}
 
 
 class GreedyPolicy(TreePolicy):
@@ -72,9 +91,7 @@ class ProposalPolicy(TreePolicy):
                 continue
             tree = prop.as_tree(ctx.state.anchor)
             if tree.num_nodes > ctx.budget:  # keep the first budget nodes: parents precede children
-                k = ctx.budget
-                tree = DraftTree(tree.tokens[:k], tree.parents[:k], tree.origins[:k],
-                                 None if tree.scores is None else tree.scores[:k], tree.route)
+                tree = tree.subtree(range(ctx.budget))
             return tree
         return None
 

@@ -240,10 +240,11 @@ class FitPolicy(TreePolicy):
             return tree
         parents = tree.parents
         n = tree.num_nodes
-        model = self._model(tree.route) if self.options.estimator == "cascade" else None
+        route, view = _per_source(tree)
+        model = self._model(route) if self.options.estimator == "cascade" else None
         if model is not None:
             try:
-                prob = model.reach(tree).tolist()
+                prob = model.reach(view).tolist()
             except ValueError:  # a plugin tree outside the model (e.g. two spine children): per-class rates
                 model = None
                 c0 = self.counts
@@ -288,15 +289,7 @@ class FitPolicy(TreePolicy):
         if best_m == n - 1:
             out = tree
         else:
-            remap = {old: new for new, old in enumerate(keep)}
-            out = DraftTree(
-                tuple(tree.tokens[i] for i in keep),
-                tuple(-1 if i == 0 else remap[parents[i]] for i in keep),
-                tuple(tree.origins[i] for i in keep),
-                None if tree.scores is None else tuple(tree.scores[i] for i in keep),
-                tree.route,
-                dict(tree.meta),
-            )
+            out = tree.subtree(keep)
         if model is not None:
             self.pending = model.expected_tokens(out)
             self._pending_fitted = self._kind == "fitted"
@@ -335,8 +328,9 @@ class FitPolicy(TreePolicy):
                 from goose.theory.calibrate import count_step
 
                 try:
-                    count_step(self.route_counts[tree.route], tree.parents, tree.origins, verified.path)
-                    self.models.pop(tree.route, None)
+                    route, view = _per_source(tree)
+                    count_step(self.route_counts[route], view.parents, view.origins, verified.path)
+                    self.models.pop(route, None)
                 except ValueError:
                     pass
             on_path = set(verified.path)
@@ -393,6 +387,28 @@ class FitPolicy(TreePolicy):
             if self.observed["time"] else 0.0,
         )
         return out
+
+
+class _View:
+    __slots__ = ("parents", "origins")
+
+    def __init__(self, parents, origins):
+        self.parents, self.origins = parents, origins
+
+
+def _per_source(tree: DraftTree):
+    """The rates' key and the tree as the acceptance model reads it, per source: spine rates are
+    learned per source leading the spine (route ``spine@suffix``), and another source's side chain
+    (origin ``chain``) is its own origin group (``chain:suffix``). With one chain source this is
+    the tree and route as they are."""
+    if tree.sources is None or tree.num_nodes < 2:
+        return tree.route, tree
+    lead = next((s[0] for o, s in zip(tree.origins, tree.sources) if o == "spine" and s), None)
+    route = tree.route if lead is None else f"{tree.route}@{lead}"
+    if "chain" not in tree.origins:
+        return route, tree
+    origins = tuple(f"chain:{s[0]}" if o == "chain" and s else o for o, s in zip(tree.origins, tree.sources))
+    return route, _View(tree.parents, origins)
 
 
 @hookimpl(trylast=True)

@@ -41,6 +41,7 @@ from goose.policies.spine import (
     spine_and_successors,
     two_source_start,
 )
+from goose.policies.merge import CHAIN, Drafted, SourceRates, chain_sources, gather, rank
 from goose.tree import ROOT, DraftTree
 
 
@@ -48,7 +49,8 @@ class IsotropicOptions(Options):
     k: int = Field(3, ge=1, le=64, description="children per node")
     max_depth: int = Field(6, ge=1, description="deepest node depth")
     spine_source: str | None = Field(
-        None, description="source whose chain continues first at chain nodes; None: the first non-successor source"
+        None, description="source whose chain continues first at chain nodes when it proposes; None: the chains "
+        "ranked by each source's measured acceptance (every source's chain is in the tree, policies/merge.py)"
     )
     confidence: bool = Field(
         True, description="budget + int(confidence * extension), as the spine policy (off: base budget)"
@@ -66,15 +68,21 @@ class IsotropicPolicy(TreePolicy):
     def __init__(self, options: IsotropicOptions | None = None):
         super().__init__(options)
         self._spine: str | None = None
+        self._chains: tuple[str, ...] = ()
         self._bound = False
+        self.rates = SourceRates()
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
         require_some_source(self.name, sources)
-        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
+        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources) if self.options.spine_source else None
+        self._chains = chain_sources(sources)
         self._bound = True
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
-        return spine_and_successors(self._spine, sources)
+        return frozenset(s.name for s in sources)  # every source's chain merges into the tree
+
+    def begin(self, request) -> None:
+        self.rates.begin(fresh=request is None)
 
     def max_nodes(self, budget: int) -> int:
         return budget + (self.options.extension if self.options.confidence else 0)
@@ -85,38 +93,73 @@ class IsotropicPolicy(TreePolicy):
         o = self.options
         st = ctx.state
         anchor = st.anchor
-        chain, _, budget, root_ids, root_scores = two_source_start(ctx, self._spine, o)
+        chains = gather(ctx, self._chains)
+        if not o.confidence:
+            chains = [Drafted(d.source, d.tokens[: d.base] if d.base else d.tokens, 0.0, d.base) for d in chains]
+        ranked = rank(chains, self.rates, self._spine)
+        conf = ranked[0].confidence if ranked and o.confidence else 0.0
+        budget = ctx.budget + int(conf * o.extension)
+        root_ids, root_scores, root_src = ctx.successors(anchor, st.prev_anchor)
+        meta = {"chains": {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}}
         if not len(root_ids):
-            return chain_only(ctx, chain, budget)
+            if not ranked:
+                return None
+            lead = ranked[0]
+            n = min(len(lead.tokens), budget - 1, st.max_depth)
+            if n <= 0:
+                return None
+            return DraftTree.build((anchor, *lead.tokens[:n]), range(-1, n), SPINE, None, "chain",
+                                   ((),) + ((lead.source,),) * n, **meta)
 
-        k, min_score, nchain = o.k, o.min_score, len(chain)
+        # the chains' trie, best-ranked first: a node's chain children come in rank order
+        kids: list[dict[int, int]] = [{}]
+        vouch: list[list[str]] = [[]]
+        lead_nodes = {0}
+        for r, d in enumerate(ranked):
+            c = 0
+            for t in d.tokens:
+                nxt = kids[c].get(t)
+                if nxt is None:
+                    nxt = kids[c][t] = len(kids)
+                    kids.append({})
+                    vouch.append([])
+                vouch[nxt].append(d.source)
+                if r == 0:
+                    lead_nodes.add(nxt)
+                c = nxt
+
+        k, min_score = o.k, o.min_score
         maxd = min(o.max_depth, st.max_depth)
         tokens = [anchor]
         parents = [-1]
         origins = [ROOT]
+        sources: list[tuple[str, ...]] = [()]
         depths = [0]
-        on_chain = [-1]  # index into chain of the node's token; -1 for the root, -2 off the chain
+        on_chain = [0]  # the node's place in the chains' trie; -1 off the chains
         i = 0
         while i < len(tokens) and len(tokens) < budget:
             d = depths[i]
             if d >= maxd:
                 break  # breadth-first: every later node is at least as deep
             if i == 0:
-                ids, scores = root_ids, root_scores
+                ids, scores, src = root_ids, root_scores, root_src
                 label = ROOT_BRANCH
             else:
-                ids, scores, _ = ctx.successors(tokens[i], tokens[parents[i]])
+                ids, scores, src = ctx.successors(tokens[i], tokens[parents[i]])
                 label = BRANCH
             seen = set()
             c = on_chain[i]
-            if c >= -1 and c + 1 < nchain:
-                t = chain[c + 1]
-                seen.add(t)
-                tokens.append(t)
-                parents.append(i)
-                origins.append(SPINE)
-                depths.append(d + 1)
-                on_chain.append(c + 1)
+            if c >= 0:
+                for t, child in kids[c].items():
+                    if len(seen) >= k or len(tokens) >= budget:
+                        break
+                    seen.add(t)
+                    tokens.append(t)
+                    parents.append(i)
+                    origins.append(SPINE if child in lead_nodes else CHAIN)
+                    sources.append(tuple(vouch[child]))
+                    depths.append(d + 1)
+                    on_chain.append(child)
             for t, s in zip(ids, scores):
                 if len(seen) >= k or len(tokens) >= budget or s < min_score:
                     break
@@ -126,12 +169,20 @@ class IsotropicPolicy(TreePolicy):
                 tokens.append(t)
                 parents.append(i)
                 origins.append(label)
+                sources.append((src,) if src else ())
                 depths.append(d + 1)
-                on_chain.append(-2)
+                on_chain.append(-1)
             i += 1
         if len(tokens) < 2:
             return None
-        return DraftTree.build(tokens, parents, origins, None, "iso")
+        return DraftTree.build(tokens, parents, origins, None, "iso", sources, **meta)
+
+    def observe(self, verified) -> None:
+        if verified.kind == "tree" and verified.tree is not None:
+            self.rates.observe(verified.tree, verified.path, verified.bonus)
+
+    def stats(self) -> dict:
+        return {"source_rates": self.rates.snapshot()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from pydantic import Field, field_validator
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Proposal, Request, TreePolicy, Verified
+from goose.policies.merge import CHAIN, Drafted, Merged, SourceRates, Trie, chain_sources, first_chain, gather, merge, rank
 from goose.tree import ROOT, DraftTree
 
 SPINE = "spine"
@@ -91,20 +92,6 @@ def require_some_source(policy: str, sources: Sequence[DraftSource]) -> None:
             "spine and/or a successor source (e.g. 'tr') for the branches; got sources=[]. "
             "Hint: sources=['pld', 'tr']."
         )
-
-
-def first_chain(prop: Proposal) -> tuple[int, ...]:
-    """A proposal's tokens as one chain: itself if it is a chain, else its first root-to-leaf path."""
-    parents = prop.parents
-    n = len(parents)
-    if n == 0 or parents[-1] == n - 2 and prop.is_chain:
-        return prop.tokens
-    out, node = [], -1
-    for i, p in enumerate(parents):
-        if p == node:
-            out.append(prop.tokens[i])
-            node = i
-    return tuple(out)
 
 
 def chain_and_confidence(ctx: DraftContext, name: str | None, use_confidence: bool) -> tuple[Sequence[int], float]:
@@ -175,7 +162,23 @@ def spine_ratio(ema: float, tiers: Sequence[float], cutoffs: Sequence[float]) ->
 # ---------------------------------------------------------------------------------------------
 class SpineOptions(Options):
     spine_source: str | None = Field(
-        None, description="source whose chain forms the spine; None: the first non-successor source (pld)"
+        None, description="source whose chain always forms the spine when it proposes; None: the chain "
+        "with the most expected accepted tokens under each source's measured acceptance (policies/merge.py)"
+    )
+    side_share: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="at most this share of the branch budget goes to other sources' chains where they leave the spine",
+    )
+    side_min: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="a side chain's node is drafted while its source's measured rate of being right from the fork on is at least this",
+    )
+    rate_prior: float = Field(
+        0.25, ge=0.0, le=1.0, description="prior acceptance rate of a chain source's token at each depth (pessimistic)"
+    )
+    rate_weight: float = Field(4.0, gt=0.0, description="pseudo-observations behind rate_prior")
+    rate_carry: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of the measured source rates carried into the decoder's next generation"
     )
     confidence: bool = Field(
         True,
@@ -226,17 +229,21 @@ class SpinePolicy(TreePolicy):
     def __init__(self, options: SpineOptions | None = None):
         super().__init__(options)
         self._spine: str | None = None
+        self._chains: tuple[str, ...] = ()
         self._bound = False
+        o = self.options
+        self.rates = SourceRates(o.rate_prior, o.rate_weight, carry=o.rate_carry)
         self.begin(None)
 
     # -- wiring ----------------------------------------------------------------------------------
     def bind(self, sources: Sequence[DraftSource]) -> None:
         require_some_source(self.name, sources)
-        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
+        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources) if self.options.spine_source else None
+        self._chains = chain_sources(sources)
         self._bound = True
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
-        return spine_and_successors(self._spine, sources)
+        return frozenset(s.name for s in sources)  # every chain merges into the tree, every successor source branches
 
     def max_nodes(self, budget: int) -> int:
         return budget + (self.options.extension if self.options.confidence else 0)
@@ -245,26 +252,55 @@ class SpinePolicy(TreePolicy):
         self.ema = self.options.ema_init
         self.routes: Counter = Counter()
         self.counts: Counter = Counter()
+        self.leaders: Counter = Counter()
+        self.rates.begin(fresh=request is None)
 
     # -- shaping ---------------------------------------------------------------------------------
+    def lay_out(self, ctx: DraftContext) -> Merged:
+        """This step's chains from every source, ranked by measured acceptance and merged."""
+        chains = gather(ctx, self._chains)
+        if not self.options.confidence:  # the ablation: each chain unextended, confidence 0
+            chains = [Drafted(d.source, d.tokens[: d.base] if d.base else d.tokens, 0.0, d.base) for d in chains]
+        return merge(rank(chains, self.rates, self._spine), self.rates)
+
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         if not self._bound:
             self.bind(ctx.sources)
-        chain, conf, budget, ids, scores = two_source_start(ctx, self._spine, self.options)
+        o = self.options
+        merged = self.lay_out(ctx)
+        conf = merged.confidence
+        budget = ctx.budget + int(conf * o.extension)
+        ids, scores, src = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor, 1 if o.coupled else None)
+        if merged.leader is not None:
+            self.leaders[merged.leader.source] += 1
         if not len(ids):
-            return chain_only(ctx, chain, budget)
-        return self.build(ctx, chain, conf, budget, ids, scores)
+            return self.chains_only(ctx, merged, budget)
+        return self.build(ctx, merged, conf, budget, ids, scores, src)
+
+    def chains_only(self, ctx: DraftContext, merged: Merged, budget: int) -> DraftTree | None:
+        """No successor at the root: the spine alone (route ``"chain"``), with the other sources'
+        side chains when there are any (route ``"chains"``)."""
+        n = min(len(merged.spine), budget - 1, ctx.state.max_depth)
+        if n <= 0:
+            return None
+        trie = Trie(ctx.state.anchor, ROOT)
+        for j in range(n):
+            trie.add(j, merged.spine[j], SPINE, merged.spine_sources[j])
+        added = trie.add_sides(merged, n, budget - 1 - n, self.rates, self.options.side_min, ctx.state.max_depth)
+        return trie.tree("chains" if added else "chain", spine_len=n, chains=merged.chains)
 
     def build(
         self,
         ctx: DraftContext,
-        chain: Sequence[int],
+        merged: Merged,
         conf: float,
         budget: int,
         root_ids: Sequence[int],
         root_scores: Sequence[float],
+        root_src: str = "",
     ) -> DraftTree | None:
-        """Algorithm 1: spine, root branches, harmonic spine branches, BFS extension."""
+        """Algorithm 1: spine (and the other sources' side chains), root branches, harmonic spine
+        branches, BFS extension."""
         o = self.options
         st = ctx.state
         depth_cap = st.max_depth
@@ -273,15 +309,19 @@ class SpinePolicy(TreePolicy):
         maxd = min(o.max_branch_depth, depth_cap)
         ratio_base = spine_ratio(self.ema, o.tiers, o.tier_cutoffs)
         ratio = ratio_base + conf * (1.0 - ratio_base)
+        chain = merged.spine
         L = max(0, min(len(chain), int(budget * ratio), budget - 1, depth_cap))
 
-        # Step 1: the spine.
-        tokens = [st.anchor, *chain[:L]]
-        parents = [-1, *range(L)]
-        origins = [ROOT, *((SPINE,) * L)]
-        depths = list(range(L + 1))
-
+        # Step 1: the spine, then the other sources' chains where they leave it.
+        trie = Trie(st.anchor, ROOT)
+        for j in range(L):
+            trie.add(j, chain[j], SPINE, merged.spine_sources[j])
         branch_budget = budget - 1 - L
+        if merged.sides and branch_budget > 0:
+            room = int(branch_budget * o.side_share)
+            branch_budget -= trie.add_sides(merged, L, room, self.rates, o.side_min, depth_cap)
+        tokens, parents, origins, depths = trie.tokens, trie.parents, trie.origins, trie.depths
+
         if L > 0 and branch_budget > 0 and o.spine_branches and o.spine_branch_share > 0.0:
             spine_share = max(1, int(branch_budget * o.spine_branch_share))
         else:
@@ -289,27 +329,25 @@ class SpinePolicy(TreePolicy):
         root_share = branch_budget - spine_share
         frontier: deque = deque()
 
-        def attach(parent: int, depth: int, ids, scores, limit: int, exclude: int, label: str) -> int:
-            """Hang up to ``limit`` successors (best first, above min_score, not ``exclude``) on a node."""
+        def attach(parent: int, depth: int, ids, scores, limit: int, label: str, source: str) -> int:
+            """Hang up to ``limit`` successors (best first, above min_score, not already a child) on a node."""
             attached = 0
-            seen = {exclude}
+            have = trie.kids.get(parent)
+            vouch = (source,) if source else ()
             for t, s in zip(ids, scores):
                 if attached >= limit or s < min_score:
                     break
-                if t in seen:
+                if have is not None and t in have:
                     continue
-                seen.add(t)
-                tokens.append(t)
-                parents.append(parent)
-                origins.append(label)
-                depths.append(depth)
+                i = trie.add(parent, t, label, vouch)
+                have = trie.kids[parent]
                 attached += 1
                 if depth < maxd:
-                    frontier.append((len(tokens) - 1, s))
+                    frontier.append((i, s))
             return attached
 
         # Step 2: alternatives to the first spine token, under the root.
-        attach(0, 1, root_ids, root_scores, root_share, chain[0] if L > 0 else -1, ROOT_BRANCH)
+        attach(0, 1, root_ids, root_scores, root_share, ROOT_BRANCH, root_src)
 
         # Step 3: alternatives at each spine node, harmonically fewer with depth.
         if spine_share > 0:
@@ -319,8 +357,8 @@ class SpinePolicy(TreePolicy):
                 if a <= 0 or j + 2 > depth_cap:
                     break
                 node = j + 1
-                ids, scores, _ = ctx.successors(tokens[node], tokens[node - 1], j + 2 if coupled else None)
-                attach(node, j + 2, ids, scores, a, chain[j + 1] if j + 1 < L else -1, BRANCH)
+                ids, scores, src = ctx.successors(tokens[node], tokens[node - 1], j + 2 if coupled else None)
+                attach(node, j + 2, ids, scores, a, BRANCH, src)
 
         # Step 4: breadth-first extension of the branch frontier.
         remaining = budget - len(tokens)
@@ -328,16 +366,16 @@ class SpinePolicy(TreePolicy):
         while frontier and remaining > 0:
             node, score = frontier.popleft()
             d = depths[node]
-            ids, scores, _ = ctx.successors(tokens[node], tokens[parents[node]], d + 1 if coupled else None)
+            ids, scores, src = ctx.successors(tokens[node], tokens[parents[node]], d + 1 if coupled else None)
             if not len(ids):
                 continue
             width = max(1, min(len(ids), math.ceil(remaining * score)))
             width = min(width, max(1, k // d))
-            remaining -= attach(node, d + 1, ids[:width], scores[:width], remaining, -1, BRANCH)
+            remaining -= attach(node, d + 1, ids[:width], scores[:width], remaining, BRANCH, src)
 
         if len(tokens) < 2:
             return None
-        return DraftTree.build(tokens, parents, origins, None, "spine", spine_len=L, confidence=conf)
+        return trie.tree("spine", spine_len=L, confidence=conf, chains=merged.chains)
 
     # -- learning and reporting ------------------------------------------------------------------
     def observe(self, verified: Verified) -> None:
@@ -348,18 +386,24 @@ class SpinePolicy(TreePolicy):
         self.routes[route] += 1
         origins = tree.origins
         path = verified.path
+        self.rates.observe(tree, path, verified.bonus)
         n_spine = origins.count(SPINE)
         n_root = origins.count(ROOT_BRANCH)
-        n_branch = len(origins) - 1 - n_spine - n_root
-        acc_spine = acc_root = 0
+        n_chain = origins.count(CHAIN)
+        n_branch = len(origins) - 1 - n_spine - n_root - n_chain
+        acc_spine = acc_root = acc_chain = 0
         for i in path[1:]:
             o = origins[i]
             if o == SPINE:
                 acc_spine += 1
             elif o == ROOT_BRANCH:
                 acc_root += 1
-        acc_branch = len(path) - 1 - acc_spine - acc_root
+            elif o == CHAIN:
+                acc_chain += 1
+        acc_branch = len(path) - 1 - acc_spine - acc_root - acc_chain
         c = self.counts
+        c["side_chain_drafted"] += n_chain
+        c["side_chain_accepted"] += acc_chain
         c["spine_drafted"] += n_spine
         c["spine_accepted"] += acc_spine
         c["branch_drafted"] += n_branch
@@ -397,6 +441,10 @@ class SpinePolicy(TreePolicy):
             "branch_accepted": c["branch_accepted"],
             "root_branch_drafted": c["root_branch_drafted"],
             "root_branch_accepted": c["root_branch_accepted"],
+            "side_chain_drafted": c["side_chain_drafted"],
+            "side_chain_accepted": c["side_chain_accepted"],
+            "spine_leaders": dict(self.leaders),
+            "source_rates": self.rates.snapshot(),
             "continuation_cycles": c["continuation_cycles"],
             "continuation_tokens": c["continuation_tokens"],
             "dominance_cycles": c["dominance_cycles"],
@@ -464,6 +512,8 @@ class BypassPolicy(TreePolicy):
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         inner = self.inner.consulted(sources)
+        if hasattr(self.inner, "lay_out"):  # bypasses with the inner policy's spine: consults what it consults
+            return inner
         return None if inner is None else inner | ({self._spine} if self._spine else set())
 
     def attach(self, model) -> None:
@@ -491,6 +541,20 @@ class BypassPolicy(TreePolicy):
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         if not self._bound:
             self.bind(ctx.sources)
+        lay_out = getattr(self.inner, "lay_out", None)
+        if lay_out is not None:  # the inner policy merges every source's chain: bypass with its spine
+            merged = lay_out(ctx)
+            lead = merged.leader
+            if (lead is not None and lead.confidence >= self.options.min_confidence
+                    and len(lead.tokens) >= self.threshold(ctx.budget)
+                    and (self.options.spine_source is None or lead.source == self.options.spine_source)):
+                n = min(len(lead.tokens), self.options.max_chain, ctx.state.max_depth)
+                if n > 0:
+                    return DraftTree.build(
+                        (ctx.state.anchor, *lead.tokens[:n]), range(-1, n), SPINE, None, "bypass",
+                        ((), *merged.spine_sources[:n]), spine_len=n, chains=merged.chains,
+                    )
+            return self.inner.shape(ctx)
         name = self._spine
         if name is not None:
             prop = ctx.proposal(name)
@@ -500,7 +564,8 @@ class BypassPolicy(TreePolicy):
                     n = min(len(chain), self.options.max_chain, ctx.state.max_depth)
                     if n > 0:
                         return DraftTree.build(
-                            (ctx.state.anchor, *chain[:n]), range(-1, n), SPINE, None, "bypass", spine_len=n
+                            (ctx.state.anchor, *chain[:n]), range(-1, n), SPINE, None, "bypass",
+                            ((),) + ((name,),) * n, spine_len=n,
                         )
         return self.inner.shape(ctx)
 

@@ -64,7 +64,11 @@ def test_spine_source_set_once_reaches_every_level(policy, extra):
     prompt = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3]
     out = dec.generate(prompt, max_new_tokens=24)
     assert out.token_ids == reference_greedy(prompt, 24, V)
-    assert echo.calls > 0 and other.calls == 0  # every level drafted the spine from echo
+    assert echo.calls > 0
+    # every level put echo's chain on the spine; other's chain is merged in beside it, not dropped
+    pol = out.stats.extra.get("policy", {})
+    if "spine_leaders" in pol:
+        assert set(pol["spine_leaders"]) == {"echo"}, pol["spine_leaders"]
 
 
 def test_spine_source_set_twice_differently_is_an_error():
@@ -79,9 +83,16 @@ def test_spine_source_set_twice_differently_is_an_error():
                       policy_options={"inner": "tr-tree", "spine_source": "tr", **FLAT})
 
 
-@pytest.mark.parametrize("policy,extra", [("spine", {}), ("spine-fit", FLAT), ("iso3", {}), ("tr-tree", {})])
+@pytest.mark.parametrize("policy,extra", [("tr-tree", {}), ("chain", {"source": "pld"}), ("proposal", {"source": "echo"})])
 def test_a_source_the_policy_never_consults_is_warned_about(policy, extra):
-    with pytest.warns(CompositionWarning, match=r"never consults source\(s\) \['(echo|pld)'.*Hint: drop the unused source; in the spine policies spine_source=NAME"):
+    with pytest.warns(CompositionWarning, match=r"never consults source\(s\) \['(echo|pld)'.*Hint: drop the unused source"):
+        goose.compose(ToyCausalLM(V), None, sources=["pld", Echo(), "tr"], policy=policy, policy_options=extra or None)
+
+
+@pytest.mark.parametrize("policy,extra", [("spine", {}), ("spine-fit", FLAT), ("iso3", {}), ("chain", {})])
+def test_the_merging_policies_consult_every_source(policy, extra):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompositionWarning)
         goose.compose(ToyCausalLM(V), None, sources=["pld", Echo(), "tr"], policy=policy, policy_options=extra or None)
 
 

@@ -532,7 +532,7 @@ def test_oracle_spine_exercises_bypass_and_continuation():
     pol = out.stats.extra["policy"]
     assert out.stats.routes.get("bypass", 0) > 0 and pol["bypass_cycles"] == out.stats.routes["bypass"]
     assert pol["continuation_cycles"] > 0 and out.stats.tau > 2
-    assert out.stats.per_source["spine"]["accepted"] > 0
+    assert out.stats.per_origin["spine"]["accepted"] > 0 and out.stats.per_source["oracle"]["accepted"] > 0
 
 
 def test_lossless_every_registered_policy_with_pld_tr():

@@ -1,0 +1,267 @@
+"""Every composed chain source drafts into one tree: the chains' trie, ranked by measured acceptance.
+
+Each step every source that proposes something gives a chain (its proposal, or a tree proposal's
+first root-to-leaf path). The chains merge into a trie under the root: a token that two sources
+propose at the same place is one node that both vouch for (``DraftTree.sources``). Which chain is
+the **spine** follows each source's *measured* acceptance, never the order of ``sources=[...]``:
+
+- :class:`SourceRates` keeps, per source and per depth of its chain (and apart for its confident
+  proposals, confidence >= ``confident``), how often the chain's token at depth d was the
+  target's when the tokens before it were, shrunk toward a pessimistic prior. Every verified
+  pass tells the target's tokens along the accepted path and the bonus token after it, so every
+  chain laid out that step is measured against them, drafted or not: a source keeps being
+  measured while it is not the spine.
+- :func:`rank` orders this step's chains by the expected accepted tokens of each under its
+  source's rates (ties: higher confidence, longer chain, then the source's name: so the order of
+  ``sources=[...]`` never decides). ``forced`` (a policy's ``spine_source``) goes first whenever
+  it proposes.
+- :func:`merge` lays the ranked chains out: the best one is the spine; a chain that agrees with
+  the whole spine and goes further extends it; every other chain leaves the spine at the depth
+  where it first disagrees and hangs there as a **side chain** (origin ``"chain"``), drafted while
+  its source's rate of being right from the fork on stays at or above ``side_min``.
+
+With a single chain source nothing of this changes a tree: its chain is the spine, as before.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from goose.interfaces import DraftContext, DraftSource, Proposal
+from goose.tree import DraftTree
+
+SPINE = "spine"
+CHAIN = "chain"  # origin of another source's chain where it leaves the spine
+CHAIN_ORIGINS = (SPINE, CHAIN)
+
+
+def first_chain(prop: Proposal) -> tuple[int, ...]:
+    """A proposal's tokens as one chain: itself if it is a chain, else its first root-to-leaf path."""
+    parents = prop.parents
+    n = len(parents)
+    if n == 0 or parents[-1] == n - 2 and prop.is_chain:
+        return prop.tokens
+    out, node = [], -1
+    for i, p in enumerate(parents):
+        if p == node:
+            out.append(prop.tokens[i])
+            node = i
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """One source's chain this step."""
+
+    source: str
+    tokens: tuple[int, ...]
+    confidence: float
+    base: int | None = None  # the unextended length (``Proposal.info["match_len"]``), when the source says
+
+
+class SourceRates:
+    """Per-source, per-depth acceptance of chain tokens, learned online (see the module docstring)."""
+
+    def __init__(self, prior: float = 0.25, weight: float = 4.0, max_depth: int = 16, confident: float = 1.0,
+                 carry: float = 0.5):
+        self.prior, self.weight, self.max_depth, self.confident, self.carry = prior, weight, max_depth, confident, carry
+        self.hits: dict = defaultdict(lambda: [0.0] * max_depth)
+        self.trials: dict = defaultdict(lambda: [0.0] * max_depth)
+        self._memo: dict = {}
+
+    def begin(self, fresh: bool) -> None:
+        """A generation starts: keep ``carry`` of what was learned (all of it dropped when ``fresh``)."""
+        k = 0.0 if fresh else self.carry
+        for table in (self.hits, self.trials):
+            for key in list(table):
+                table[key] = [v * k for v in table[key]]
+        self._memo.clear()
+
+    def key(self, source: str, confidence: float) -> tuple[str, bool]:
+        return source, confidence >= self.confident
+
+    def rate(self, key, depth: int) -> float:
+        d = min(depth, self.max_depth) - 1
+        h, t = self.hits.get(key), self.trials.get(key)
+        hit, trial = (h[d], t[d]) if h is not None else (0.0, 0.0)
+        return (hit + self.prior * self.weight) / (trial + self.weight)
+
+    def reach(self, key, n: int, start: int = 0) -> list[float]:
+        """``[n]``: the probability that the chain is right through depth ``start + j + 1``, given
+        it was right through depth ``start``."""
+        out, r = [], 1.0
+        for d in range(start + 1, start + n + 1):
+            r *= self.rate(key, d)
+            out.append(r)
+        return out
+
+    def expected(self, key, n: int) -> float:
+        """Expected accepted tokens of an ``n``-token chain of this key."""
+        m = self._memo.get((key, n))
+        if m is None:
+            m = self._memo[key, n] = sum(self.reach(key, n))
+        return m
+
+    def observe(self, tree: DraftTree, path: Sequence[int], bonus: int | None) -> None:
+        """Book every chain laid out this step against what the target chose, drafted or not.
+
+        Along the accepted path the target's token at each depth is known (the path's nodes, then
+        the bonus token after the last one), so each source's chain is checked token by token until
+        its first miss: a trial at each depth checked, a hit where the tokens agree. A chain the
+        policy cut, or hung as a side chain, is measured all the same."""
+        chains = tree.meta.get("chains")
+        if not chains:
+            return
+        toks = tree.tokens
+        target = [toks[i] for i in path[1:]]
+        if bonus is not None:
+            target.append(bonus)
+        for source, (confident, chain) in chains.items():
+            key = (source, confident)
+            h, t = self.hits[key], self.trials[key]
+            for d in range(min(len(chain), len(target))):
+                j = min(d, self.max_depth - 1)
+                t[j] += 1.0
+                if chain[d] != target[d]:
+                    break
+                h[j] += 1.0
+        self._memo.clear()
+
+    def snapshot(self) -> dict:
+        """``{source[/confident]: [rate at depth 1, 2, 3]}`` for the stats."""
+        out = {}
+        for (source, confident), t in sorted(self.trials.items()):
+            if sum(t):
+                out[source + ("/confident" if confident else "")] = [round(self.rate((source, confident), d), 3) for d in (1, 2, 3)]
+        return out
+
+
+def chain_sources(sources: Sequence[DraftSource]) -> tuple[str, ...]:
+    """Every source a chain may come from: all of them (a successor source that proposes nothing
+    costs one call returning None)."""
+    return tuple(s.name for s in sources)
+
+
+def gather(ctx: DraftContext, names: Sequence[str]) -> list[Drafted]:
+    """This step's chains, one per source that proposes."""
+    out = []
+    for name in names:
+        prop = ctx.proposal(name)
+        if prop is None or not len(prop):
+            continue
+        chain = first_chain(prop)
+        if not chain:
+            continue
+        base = prop.info.get("match_len") if prop.info else None
+        c = prop.confidence
+        out.append(Drafted(name, tuple(chain), 0.0 if c < 0.0 else 1.0 if c > 1.0 else c,
+                           base if isinstance(base, int) and not isinstance(base, bool) else None))
+    return out
+
+
+def rank(chains: Sequence[Drafted], rates: SourceRates, forced: str | None = None) -> list[Drafted]:
+    """Best first: ``forced`` when it proposes, then by expected accepted tokens under the measured rates."""
+    def score(d: Drafted):
+        return (d.source != forced, -rates.expected(rates.key(d.source, d.confidence), len(d.tokens)),
+                -d.confidence, -len(d.tokens), d.source)
+
+    return sorted(chains, key=score)
+
+
+@dataclass
+class Merged:
+    """The ranked chains laid out as a spine and side chains (token lists, no tree yet)."""
+
+    spine: list[int]  # the spine's tokens, depth 1 first
+    spine_sources: list[tuple[str, ...]]  # who vouches for each spine token
+    confidence: float  # the spine source's confidence this step
+    leader: Drafted | None  # the spine's source
+    sides: list[tuple[Drafted, int]]  # (chain, fork depth: it agrees with the spine on that many tokens)
+    chains: dict  # {source: (confident?, tokens)} of every chain laid out (tree.meta["chains"], for SourceRates.observe)
+
+
+def merge(ranked: Sequence[Drafted], rates: SourceRates) -> Merged:
+    if not ranked:
+        return Merged([], [], 0.0, None, [], {})
+    lead = ranked[0]
+    spine = list(lead.tokens)
+    vouch: list[list[str]] = [[lead.source] for _ in spine]
+    sides: list[tuple[Drafted, int]] = []
+    for d in ranked[1:]:
+        k = 0
+        n = min(len(d.tokens), len(spine))
+        while k < n and d.tokens[k] == spine[k]:
+            vouch[k].append(d.source)
+            k += 1
+        if k == len(spine) and len(d.tokens) > k:  # agrees with the whole spine and goes on: extends it
+            spine.extend(d.tokens[k:])
+            vouch.extend([d.source] for _ in d.tokens[k:])
+        elif k < len(d.tokens):
+            sides.append((d, k))
+    chains = {d.source: (rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}
+    return Merged(spine, [tuple(v) for v in vouch], lead.confidence, lead, sides, chains)
+
+
+class Trie:
+    """A tree under construction: tokens, parents, origins, sources, and each node's child tokens."""
+
+    __slots__ = ("tokens", "parents", "origins", "sources", "depths", "kids")
+
+    def __init__(self, root: int, root_origin: str):
+        self.tokens = [root]
+        self.parents = [-1]
+        self.origins = [root_origin]
+        self.sources: list[tuple[str, ...]] = [()]
+        self.depths = [0]
+        self.kids: dict[int, dict[int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, origin: str, sources: tuple[str, ...]) -> int:
+        i = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.origins.append(origin)
+        self.sources.append(sources)
+        self.depths.append(self.depths[parent] + 1)
+        self.kids.setdefault(parent, {})[token] = i
+        return i
+
+    def child(self, parent: int, token: int) -> int | None:
+        k = self.kids.get(parent)
+        return None if k is None else k.get(token)
+
+    def vouch(self, node: int, source: str) -> None:
+        if source not in self.sources[node]:
+            self.sources[node] = (*self.sources[node], source)
+
+    def add_sides(self, merged: Merged, spine_len: int, room: int, rates: SourceRates, side_min: float,
+                  depth_cap: int) -> int:
+        """Hang the side chains (at most ``room`` nodes) off spine nodes 0..spine_len; nodes 1..spine_len
+        must be the spine. A side chain node is drafted while its source's rate of being right from the
+        fork on is at least ``side_min``. Returns the nodes added."""
+        added = 0
+        for d, fork in merged.sides:
+            if fork > spine_len or added >= room:
+                continue
+            node = fork  # the spine node at depth fork (the root when 0)
+            key = rates.key(d.source, d.confidence)
+            reach = rates.reach(key, min(len(d.tokens), depth_cap) - fork, fork)
+            for j, r in enumerate(reach):
+                t = d.tokens[fork + j]
+                c = self.child(node, t)
+                if c is not None:  # shared with an earlier side chain: one node both vouch for
+                    self.vouch(c, d.source)
+                    node = c
+                    continue
+                if r < side_min or added >= room:
+                    break
+                node = self.add(node, t, CHAIN, (d.source,))
+                added += 1
+        return added
+
+    def tree(self, route: str, **meta) -> DraftTree:
+        return DraftTree.build(self.tokens, self.parents, self.origins, None, route, self.sources, **meta)
