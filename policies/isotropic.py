@@ -2,11 +2,12 @@
 
 ``isotropic`` (presets ``iso3``, ``iso5``): the paper's baseline, with the same sources, budget
 and routes as the spine policy but no spine. The tree grows breadth-first from the root; every
-node gets up to ``k`` children, its candidate tokens in order: the context-match continuation
-first when the node lies on the chain of the spine source (``pld``), then the successor-table
-tokens (``tr``) scoring at least ``min_score``, deduplicated; until the budget (nodes, root
+node gets up to ``k`` children, its candidate tokens in order: where the node lies on the chains'
+trie (every chain source's chain merged, best-ranked by measured acceptance first,
+policies/merge.py), the chains' continuations, then the successor-table tokens (``tr``) scoring
+at least ``min_score``, deduplicated; until the budget (nodes, root
 included; ``B + int(confidence * 40)`` as for the spine) is used or depth ``max_depth`` (6).
-Chain tokens have origin ``"spine"``, successor tokens ``"root-branch"`` under the root and
+The best-ranked chain's tokens have origin ``"spine"``, the other chains' ``"chain"``, successor tokens ``"root-branch"`` under the root and
 ``"branch"`` deeper. Routes as for the spine: the table knows the anchor -> the tree (route
 ``"iso"``); else a chain -> the chain alone (``"chain"``); else None.
 

@@ -28,9 +28,11 @@ Registered policies:
 Node origins: ``"spine"`` (chain tokens), ``"root-branch"`` (successor tokens under the root),
 ``"branch"`` (successor tokens under spine nodes and deeper).
 
-Sources: the spine comes from ``spine_source`` (default: the first bound source that does not
-provide successors, e.g. ``pld``); branches from every successor-providing source (first that
-knows a token wins, see :meth:`goose.DraftContext.successors`). With only a chain source the
+Sources: every source's chain merges into the tree (policies/merge.py): the spine is the chain
+with the most expected accepted tokens under each source's measured acceptance (or
+``spine_source``'s whenever it proposes), other chains hang as side chains (origin ``"chain"``)
+where they leave it; branches from every successor-providing source (first that knows a token
+wins, see :meth:`goose.DraftContext.successors`). With only a chain source the
 policy degrades to the chain route (plain PLD); with only a successor source, to pure branch
 trees. With neither, ``bind`` refuses.
 """

@@ -150,6 +150,10 @@ def _split_policy(name: str) -> tuple[str, str, str]:
     return name, "", ""
 
 
+# the warm-up's text: Goose's own, never one of the measured prompts
+WARMUP_TEXT = "Warm-up: list the first ten prime numbers, then the first ten squares, one per line."
+
+
 def method_decoder(name: str, model, tok, budget: int | None = None):
     import goose
 
@@ -172,10 +176,17 @@ class Run:
 
 class Runner:
     def __init__(self, method: str, model, tok, budget: int | None, max_new: int, sampling: dict | None = None):
-        self.method, self.model, self.tok, self.max_new = method, model, tok, max_new
+        self.method, self.model, self.tok, self.max_new, self.budget = method, model, tok, max_new, budget
         self.decoder = None if method in BASELINES else method_decoder(method, model, tok, budget)
         # sampling: {"temperature": T, "top_k": k, "top_p": p} (None entries dropped); None: greedy
         self.sampling = {k: v for k, v in (sampling or {}).items() if v is not None} if sampling else None
+
+    def renew(self) -> None:
+        """A decoder composed afresh: nothing learned on earlier prompts (a source's history, the
+        fit's carried rates, the sources' measured rates) reaches the next one. The latency curve
+        is the process's cached one, so this costs no measurement."""
+        if self.decoder is not None:
+            self.decoder = method_decoder(self.method, self.model, self.tok, self.budget)
 
     def run(self, ids, max_new: int | None = None, seed: int = 0) -> tuple[list[int], float, dict]:
         import torch
@@ -389,9 +400,25 @@ def memory_line(runs: list[Run], methods: list[str]) -> str | None:
             f"limit {limit:,} MiB, verifier option pack_limit_mib): " + ", ".join(parts))
 
 
+def source_lines(rows: list[dict]) -> str | None:
+    """Accepted / drafted tokens of every source, built-in or not, per method over all datasets
+    (a node two sources proposed counts for both)."""
+    lines = []
+    for r in rows:
+        if r["dataset"] != "ALL" or not r.get("per_source"):
+            continue
+        parts = [f"{name} {d['accepted']}/{d['drafted']}" + (f" ({d['accepted'] / d['drafted']:.2f})" if d["drafted"] else "")
+                 for name, d in sorted(r["per_source"].items())]
+        lines.append(f"- {r['method']}: " + ", ".join(parts))
+    return "Accepted / drafted tokens by source (ALL):\n\n" + "\n".join(lines) if lines else None
+
+
 def report_md(rows: list[dict], runs: list[Run], methods: list[str], prof: list[dict]) -> str:
     """The results table, the packed weights' memory line and the profile, as goose bench and report print them."""
     md = table(rows)
+    src = source_lines(rows)
+    if src:
+        md += "\n\n" + src
     mem = memory_line(runs, methods)
     if mem:
         md += "\n\n" + mem
@@ -430,7 +457,11 @@ def add_parser(sub) -> None:
     b.add_argument("--methods", default="ar,hf-pld,pld,spine,spine-fit", help=METHODS_HELP)
     b.add_argument("--budget", type=int, default=None, help="node budget (default: each policy's own, 60)")
     b.add_argument("--chat", action="store_true", help="apply the chat template instead of raw prompts")
-    b.add_argument("--warmup", type=int, default=1, help="untimed runs of each method before timing")
+    b.add_argument("--warmup", type=int, default=1, help="untimed runs of each method before timing, on a built-in text that is not measured")
+    b.add_argument("--warm", action="store_true",
+                   help="keep one decoder per method across all prompts (what it learns on one prompt, e.g. a "
+                   "cross-request source's history, helps the next; the report says so); default: each prompt "
+                   "gets a freshly composed decoder")
     b.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (median kept)")
     b.add_argument("--no-gap", action="store_true", help="skip the top-2 logit gap at mismatches")
     b.add_argument("--out", default="goose-bench", help="folder for results.json, results.md and the PNG plots")
@@ -491,7 +522,7 @@ def run(args) -> int:
 
     if args.warmup:
         t_phase = time.perf_counter()
-        ids = encode(prompts[0].text)
+        ids = encode(WARMUP_TEXT)
         for _ in range(args.warmup):  # short runs: they only prepare kernels and caches
             for m in runners:
                 runners[m].run(ids, max_new=min(args.max_new_tokens, 24))
@@ -505,6 +536,8 @@ def run(args) -> int:
         for k, p in enumerate(prompts):
             ids = encode(p.text)
             for m in methods:
+                if not getattr(args, "warm", False) and m in runners:
+                    runners[m].renew()  # fresh per-request and cross-request state: the prompt is new to it
                 if reused and m == "ar":
                     runs.append(reused[(p.dataset, p.id)])
                     continue
@@ -548,6 +581,7 @@ def run(args) -> int:
         "chat": args.chat,
         "repeats": args.repeats,
         "warmup": args.warmup,
+        "warm": bool(getattr(args, "warm", False)),
         "greedy_from": getattr(args, "greedy_from", None),
         "temperature": getattr(args, "temperature", 0.0),
         "top_k": getattr(args, "top_k", None),
@@ -560,6 +594,8 @@ def run(args) -> int:
         + (f"sampling at temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed} + prompt index; "
            "hf-pld samples too; 'identical' = seed-identical to transformers' sampling)\n" if getattr(args, "temperature", 0.0) else "greedy)\n")
         + f"CPU: {machine.describe()}\n"
+        + ("WARM: one decoder per method across all prompts (state learned on earlier prompts, and the "
+           "warm-up's, is kept)\n" if getattr(args, "warm", False) else "Each prompt decoded by a freshly composed decoder.\n")
     )
     if reused:
         print(f"Greedy (ar) outputs and timings reused from {args.greedy_from}: compare tau and identity; "
@@ -833,13 +869,13 @@ class _TreeCatcher:
     then the most accepted tokens among the largest trees."""
 
     def __init__(self, runners):
-        self.decoders = {id(r.decoder) for r in runners.values() if r.decoder is not None}
+        self.runners = runners  # decoders are renewed per prompt: look them up when a step comes
         self.best = None
         self.key = (False, -1, -1)
 
     @hookimpl
     def goose_on_step(self, decoder, step):
-        if id(decoder) not in self.decoders or step.tree.num_nodes < 3:
+        if step.tree.num_nodes < 3 or not any(r.decoder is decoder for r in self.runners.values()):
             return
         tree = step.tree
         branched = not tree.is_chain

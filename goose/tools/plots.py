@@ -64,7 +64,7 @@ def bench_plots(rows: list[dict], out: Path, tree_step=None) -> list[Path]:
             ax.bar([i + j * width for i in range(len(ms))], vals, width, label=o)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(ms))], ms, rotation=20)
         ax.set_ylabel("accepted / drafted nodes")
-        ax.set_title("acceptance by origin (all datasets)")
+        ax.set_title("acceptance by source (all datasets)")
         ax.legend(fontsize=8)
         fig.tight_layout()
         p = out / "acceptance.png"
