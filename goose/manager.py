@@ -38,6 +38,7 @@ ENV_ALLOW = "GOOSE_PLUGINS"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "goose.plugins.pld",
     "goose.plugins.tr",
+    "goose.plugins.suffix",
     "goose.policies.chain",
     "goose.policies.isotropic",
     "goose.policies.spine",

@@ -1,0 +1,473 @@
+"""Suffix matching over the request and a history of earlier generations (SuffixDecoding-style).
+
+The source ``suffix`` drafts what followed the longest suffix of the current text wherever it
+occurred before: earlier in this request (prompt + committed tokens) or in the prompt and output
+of earlier requests of the same decoder (the *history*). Where that suffix occurred several times
+with different continuations, the proposal is a **tree** whose branches are weighted by how often
+each continuation followed it (after the idea of SuffixDecoding, Oliaro et al., arXiv 2411.04975;
+written from the paper's description).
+
+Index. Text is kept in *segments*: the current request (appended to as tokens are committed) and
+one frozen segment per remembered request. Each segment indexes, for a few pattern lengths
+``n`` (``min_pattern``, doubling up to ``max_pattern``: 2, 4, 8, 16, 32 by default), every
+n-gram that has a following token: ``last[n]`` maps the n-gram's hash to its latest end
+position and ``prev[n][e]`` (a 4-byte array) chains each end position to the previous one with
+the same hash, so occurrences are walked most recent first. Appending a token costs one hash per
+indexed length (O(new tokens x max_pattern) for the tuples hashed); each ``propose`` indexes only
+positions committed since the last call.
+
+Lookup. From the longest indexed length down, the query suffix's hash is looked up in every
+segment (current request first, then the history newest first); at the first length ``n`` with a
+hit, at most ``max_occurrences`` occurrences are taken (most recent first), each is checked
+token by token (hashes may collide) and extended backwards to its exact match length (less than
+the next indexed length, which missed, and at most ``max_pattern``). The **pattern** is the
+longest of these match lengths, ``m``; the occurrences that match ``m`` tokens are the ones whose
+continuations are counted (counts are not mixed across pattern lengths).
+
+Tree. The continuations form a trie: a node's count is the number of those occurrences whose
+text continues with its path. Its score is the estimated probability of reaching it, the product
+of the conditional fractions ``count(child) / count(parent)`` along its path (an occurrence whose
+text ends is counted in the parent, so the estimate is conservative). Nodes are grown best-first
+by score (ties: the more recent occurrence) until ``max_nodes`` nodes, depth
+``min(max_depth, state.max_depth)``, or scores below ``min_prob``. Siblings are distinct tokens,
+ordered by frequency; tokens outside ``[0, vocab_size)`` are never proposed. The proposal lists
+the **likeliest chain** first (from the root, the most frequent child at each node, down to a
+leaf: nodes ``0..k-1`` with parents ``-1, 0, ..., k-2``), so a policy that reads a tree
+proposal's first root-to-leaf path reads that chain; the other branches follow, parents before
+children.
+
+Confidence (in [0, 1]):
+
+    confidence = p1 * (1 - 2 ** (-m / 4)) * (1.0 if n1 >= 2 else 0.8)
+
+with ``p1`` the estimated probability of the chain's first token (its count over the occurrences
+counted), ``n1`` that count and ``m`` the pattern length: a longer match and a continuation seen
+more than once mean a likelier chain (m = 4: 0.5, 8: 0.75, 16: 0.94, 32: 0.996 of ``p1``). It is
+always below 1, so a spine policy never bypasses its tree for this source alone.
+
+History and the decoder's component pool. Each ``generate`` of a decoder runs on its own set of
+components (copies of a pristine snapshot taken at compose time, kept in a pool). **All sets of
+one decoder share one history**: :class:`SuffixHistory` survives ``copy.deepcopy`` (it returns
+itself), so concurrent requests all learn from each other's finished generations; the index of
+the current request is per set. Appends and evictions take the history's lock; readers take it
+only to read the current tuple of segments (segments are immutable once in the history, and a
+reader keeps the ones it holds alive). A decoder built by another ``goose.compose`` builds a new
+source, with a history of its own. A request is added in ``end(output)`` (its prompt, unless
+``history_prompts=False``, and its committed tokens); the oldest requests are evicted once there
+are more than ``history`` requests or ``history_tokens`` tokens (a single request longer than
+``history_tokens`` is not kept). Evicting a request drops its segment, its index with it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+import threading
+from array import array
+from collections.abc import Sequence
+
+from pydantic import Field, model_validator
+
+from goose.hookspecs import hookimpl
+from goose.interfaces import DraftSource, DraftState, Options, Proposal, Request
+
+
+class SuffixOptions(Options):
+    history: int = Field(
+        16, ge=0, le=1_000_000,
+        description="earlier requests of this decoder kept for matching (prompt + output each); 0: no history",
+    )
+    history_tokens: int = Field(
+        65536, ge=0,
+        description="most tokens kept across the history; the oldest requests are evicted first",
+    )
+    history_prompts: bool = Field(
+        True, description="keep earlier requests' prompts in the history, not only their outputs"
+    )
+    max_pattern: int = Field(32, ge=1, le=1024, description="longest suffix of the current text matched")
+    min_pattern: int = Field(2, ge=1, le=1024, description="shortest match accepted")
+    max_depth: int = Field(24, ge=1, le=4096, description="deepest node of a proposal")
+    max_nodes: int = Field(32, ge=1, le=4096, description="most nodes in a proposal tree")
+    max_occurrences: int = Field(
+        64, ge=1, le=1_000_000,
+        description="occurrences of the matched suffix considered, most recent first (bounds the work per step)",
+    )
+    min_prob: float = Field(
+        0.1, ge=0.0, le=1.0,
+        description="drop continuations whose estimated probability of being reached falls below this",
+    )
+
+    @model_validator(mode="after")
+    def _patterns(self):
+        if self.min_pattern > self.max_pattern:
+            raise ValueError(
+                f"min_pattern ({self.min_pattern}) must be <= max_pattern ({self.max_pattern})"
+            )
+        return self
+
+
+def pattern_lengths(min_pattern: int, max_pattern: int) -> tuple[int, ...]:
+    """The indexed n-gram lengths: ``min_pattern``, doubling, and ``max_pattern``; ascending."""
+    out = []
+    n = min_pattern
+    while n < max_pattern:
+        out.append(n)
+        n *= 2
+    out.append(max_pattern)
+    return tuple(out)
+
+
+class _Segment:
+    """One text (a request's tokens) and its n-gram index, for the lengths in ``lengths``.
+
+    ``last[k]``: hash of the n-gram (n = lengths[k]) ending at e -> the latest such e;
+    ``prev[k][e]``: the previous end position with the same hash, -1 when none. Only end
+    positions with a following token are indexed (e <= len(tokens) - 2).
+    """
+
+    __slots__ = ("lengths", "tokens", "last", "prev", "indexed", "frozen", "_nbytes", "__weakref__")
+
+    def __init__(self, lengths: Sequence[int]):
+        self.lengths = tuple(lengths)
+        self.tokens: list[int] | array = []
+        self.last: list[dict[int, int]] = [{} for _ in self.lengths]
+        self.prev: list[array] = [array("i") for _ in self.lengths]
+        self.indexed = 0  # end positions < indexed are in the index
+        self.frozen = False
+        self._nbytes: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` and index every position that now has a follower."""
+        if self.frozen:
+            raise RuntimeError("a frozen (history) segment is immutable")
+        self.tokens.extend(tokens)
+        toks = self.tokens
+        stop = len(toks) - 1  # the last position has no follower yet
+        for e in range(self.indexed, stop):
+            for k, n in enumerate(self.lengths):
+                prev = self.prev[k]
+                if e - n + 1 < 0:
+                    prev.append(-1)
+                    continue
+                h = hash(tuple(toks[e - n + 1 : e + 1]))
+                table = self.last[k]
+                prev.append(table.get(h, -1))
+                table[h] = e
+        self.indexed = max(self.indexed, stop)
+
+    def freeze(self) -> _Segment:
+        """Make the segment immutable (a history segment): tokens become a compact array."""
+        if not self.frozen:
+            try:
+                self.tokens = array("i", self.tokens)
+            except OverflowError:  # pragma: no cover - ids beyond 2**31
+                self.tokens = array("q", self.tokens)
+            self.frozen = True
+            self._nbytes = None
+            self._nbytes = self.nbytes()
+        return self
+
+    def entries(self) -> int:
+        return sum(len(d) for d in self.last)
+
+    def nbytes(self) -> int:
+        """Approximate memory held: the token array, the chain arrays, the dicts, their keys and values."""
+        if self._nbytes is not None:
+            return self._nbytes
+        b = sys.getsizeof(self.tokens) + sum(sys.getsizeof(p) for p in self.prev)
+        for d in self.last:
+            b += sys.getsizeof(d)
+            for key, val in d.items():
+                b += sys.getsizeof(key) + sys.getsizeof(val)
+        return b
+
+    def occurrences(self, k: int, h: int):
+        """End positions of the n-grams with hash ``h`` (n = lengths[k]), most recent first."""
+        e = self.last[k].get(h, -1)
+        prev = self.prev[k]
+        while e >= 0:
+            yield e
+            e = prev[e]
+
+
+class SuffixHistory:
+    """Earlier requests of one decoder, as frozen segments, oldest first; bounded; thread-safe.
+
+    Shared by every component set of the decoder: ``copy.deepcopy`` returns the same object.
+    """
+
+    def __init__(self, max_requests: int, max_tokens: int):
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self._lock = threading.Lock()
+        self._segments: tuple[_Segment, ...] = ()
+        self._tokens = 0
+        self.added = 0
+        self.evicted = 0
+
+    def __deepcopy__(self, memo) -> SuffixHistory:
+        return self  # one history per decoder: every pooled component set learns into it
+
+    def __copy__(self) -> SuffixHistory:
+        return self
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def add(self, seg: _Segment) -> None:
+        """Remember a finished request (a frozen segment); evict the oldest beyond the limits."""
+        seg.freeze()
+        with self._lock:
+            segs = (*self._segments, seg)
+            tokens = self._tokens + len(seg)
+            drop = 0
+            while drop < len(segs) and (len(segs) - drop > self.max_requests or tokens > self.max_tokens):
+                tokens -= len(segs[drop])
+                drop += 1
+            self._segments = segs[drop:]
+            self._tokens = tokens
+            self.added += 1
+            self.evicted += drop
+
+    def segments(self) -> tuple[_Segment, ...]:
+        """The remembered requests, oldest first (an immutable snapshot)."""
+        with self._lock:
+            return self._segments
+
+    def __len__(self) -> int:
+        return len(self.segments())
+
+    @property
+    def tokens(self) -> int:
+        with self._lock:
+            return self._tokens
+
+    def index_size(self) -> tuple[int, int]:
+        """(index entries, approximate bytes) held by the history."""
+        segs = self.segments()
+        return sum(s.entries() for s in segs), sum(s.nbytes() for s in segs)
+
+
+def confidence(p1: float, n1: int, pattern: int) -> float:
+    """``p1 * (1 - 2 ** (-pattern / 4)) * (1 if n1 >= 2 else 0.8)``, in [0, 1) (module docstring)."""
+    if pattern <= 0 or n1 <= 0 or p1 <= 0.0:
+        return 0.0
+    c = p1 * (1.0 - 2.0 ** (-pattern / 4.0)) * (1.0 if n1 >= 2 else 0.8)
+    return min(1.0, max(0.0, c))
+
+
+class SuffixSource(DraftSource):
+    """Suffix matching over the request and earlier generations (SuffixDecoding-style): a frequency-weighted tree."""
+
+    name = "suffix"
+    Options = SuffixOptions
+
+    def __init__(self, options: SuffixOptions | None = None):
+        super().__init__(options)
+        o = self.options
+        self.lengths = pattern_lengths(o.min_pattern, o.max_pattern)
+        self.history = SuffixHistory(o.history, o.history_tokens)
+        self.live: _Segment | None = None
+        self.vocab_size: int | None = None
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self.proposals = 0
+        self.history_proposals = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def begin(self, request: Request) -> None:
+        self.live = _Segment(self.lengths)
+        self.vocab_size = request.vocab_size
+        self._reset_counters()
+
+    def end(self, output) -> None:
+        o = self.options
+        live, self.live = self.live, None  # handed over to the history (or dropped): never mutated again
+        if o.history == 0 or o.history_tokens == 0:
+            return
+        new = list(output.token_ids)
+        if o.history_prompts:
+            seq = [*output.prompt_ids, *new]
+            if live is None or len(live) > len(seq) or list(live.tokens) != seq[: len(live)]:
+                live = _Segment(self.lengths)  # not this request's text: index it afresh
+            live.extend(seq[len(live) :])
+            seg = live
+        else:
+            seg = _Segment(self.lengths)
+            seg.extend(new)
+        if len(seg) > o.history_tokens:
+            return  # longer than the whole history may hold
+        self.history.add(seg)
+
+    # -- drafting ------------------------------------------------------------------------------
+    def _sync(self, tokens: Sequence[int]) -> _Segment:
+        live = self.live
+        n = len(tokens)
+        if live is None or len(live) > n or (len(live) and live.tokens[-1] != tokens[len(live) - 1]):
+            live = self.live = _Segment(self.lengths)  # a different sequence: start over
+        if n > len(live):
+            live.extend(tokens[len(live) :])  # only the positions committed since the last call
+        return live
+
+    def _match(self, q: list[int], segs: Sequence[_Segment]):
+        """(pattern length, [(segment, end position)]) of the longest suffix of ``q`` that occurred."""
+        o = self.options
+        lq = len(q)
+        for k in range(len(self.lengths) - 1, -1, -1):
+            n = self.lengths[k]
+            if n > lq:
+                continue
+            key = tuple(q[lq - n :])
+            h = hash(key)
+            found: list[tuple[_Segment, int, int]] = []
+            budget = o.max_occurrences
+            for seg in segs:
+                for e in seg.occurrences(k, h):
+                    if budget <= 0:
+                        break
+                    budget -= 1
+                    toks = seg.tokens
+                    if tuple(toks[e - n + 1 : e + 1]) != key:
+                        continue  # a hash collision
+                    m = n
+                    lim = min(o.max_pattern, e + 1, lq)
+                    while m < lim and toks[e - m] == q[lq - 1 - m]:
+                        m += 1
+                    found.append((seg, e, m))
+                if budget <= 0:
+                    break
+            if found:
+                best = max(m for _, _, m in found)
+                return best, [(seg, e) for seg, e, m in found if m == best]
+        return 0, []
+
+    def propose(self, state: DraftState) -> Proposal | None:
+        o = self.options
+        tokens = state.tokens
+        live = self._sync(tokens)
+        depth_cap = min(o.max_depth, state.max_depth)
+        if depth_cap <= 0 or len(tokens) < o.min_pattern:
+            return None
+        q = list(tokens[-o.max_pattern :])
+        history = self.history.segments() if o.history else ()
+        segs = (live, *reversed(history))
+        pattern, occ = self._match(q, segs)
+        if not occ:
+            return None
+        tree = self._grow(occ, depth_cap)
+        if tree is None:
+            return None
+        toks, parents, scores, counts, chain_len = tree
+        n_hist = sum(1 for seg, _ in occ if seg is not live)
+        conf = confidence(scores[0], counts[0], pattern)
+        self.proposals += 1
+        if n_hist:
+            self.history_proposals += 1
+        return Proposal(
+            self.name, tuple(toks), tuple(parents), tuple(scores), conf,
+            info={"match_len": chain_len, "pattern": pattern, "occurrences": len(occ), "from_history": n_hist},
+        )
+
+    def _grow(self, occ: list[tuple[_Segment, int]], depth_cap: int):
+        """Best-first tree over the occurrences' continuations; the likeliest chain first."""
+        o = self.options
+        vocab = self.vocab_size
+        min_prob = o.min_prob
+        heap: list = []
+        counter = 0
+
+        def expand(parent: int, depth: int, score: float, members: list) -> None:
+            nonlocal counter
+            groups: dict[int, list] = {}
+            for seq, pos in members:  # most recent first: a tie goes to the more recent occurrence
+                if pos < len(seq):
+                    t = seq[pos]
+                    if t < 0 or (vocab is not None and t >= vocab):
+                        continue
+                    g = groups.get(t)
+                    if g is None:
+                        groups[t] = g = []
+                    g.append((seq, pos + 1))
+            total = len(members)
+            for t, g in sorted(groups.items(), key=lambda kv: -len(kv[1])):  # stable: recency among ties
+                s = score * len(g) / total
+                if s < min_prob or s <= 0.0:
+                    break
+                heapq.heappush(heap, (-s, counter, parent, t, depth, g))
+                counter += 1
+
+        expand(-1, 1, 1.0, [(seg.tokens, e + 1) for seg, e in occ])
+        toks: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        counts: list[int] = []
+        first_child: dict[int, int] = {}
+        while heap and len(toks) < o.max_nodes:
+            neg, _, parent, t, depth, g = heapq.heappop(heap)
+            i = len(toks)
+            toks.append(t)
+            parents.append(parent)
+            scores.append(-neg)
+            counts.append(len(g))
+            first_child.setdefault(parent, i)  # siblings pop best first: the first is the likeliest
+            if depth < depth_cap:
+                expand(i, depth + 1, -neg, g)
+        if not toks:
+            return None
+        chain = []
+        node = first_child.get(-1)
+        while node is not None:
+            chain.append(node)
+            node = first_child.get(node)
+        on_chain = set(chain)
+        order = chain + [i for i in range(len(toks)) if i not in on_chain]
+        where = {old: new for new, old in enumerate(order)}
+        return (
+            [toks[i] for i in order],
+            [-1 if parents[i] < 0 else where[parents[i]] for i in order],
+            [scores[i] for i in order],
+            [counts[i] for i in order],
+            len(chain),
+        )
+
+    # -- reporting -----------------------------------------------------------------------------
+    def index_size(self) -> dict:
+        """Index entries and approximate bytes: the history's, the current request's, and in all."""
+        h_entries, h_bytes = self.history.index_size()
+        live = self.live
+        l_entries = live.entries() if live is not None else 0
+        l_bytes = live.nbytes() if live is not None else 0
+        return {
+            "history_entries": h_entries,
+            "history_bytes": h_bytes,
+            "request_entries": l_entries,
+            "request_bytes": l_bytes,
+            "entries": h_entries + l_entries,
+            "bytes": h_bytes + l_bytes,
+        }
+
+    def stats(self) -> dict:
+        size = self.index_size()
+        return {
+            "proposals": self.proposals,
+            "history_proposals": self.history_proposals,
+            "history_requests": len(self.history),
+            "history_tokens": self.history.tokens,
+            "index_entries": size["entries"],
+            "index_mib": size["bytes"] / 2**20,
+        }
+
+
+@hookimpl(trylast=True)
+def goose_register_sources(register) -> None:
+    register(SuffixSource)
