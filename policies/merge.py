@@ -59,6 +59,7 @@ class Drafted:
     tokens: tuple[int, ...]
     confidence: float
     base: int | None = None  # the unextended length (``Proposal.info["match_len"]``), when the source says
+    probs: tuple[float, ...] | None = None  # an alternative path: the proposal's own conditional probability per token
 
 
 class SourceRates:
@@ -161,6 +162,51 @@ def gather(ctx: DraftContext, names: Sequence[str]) -> list[Drafted]:
     return out
 
 
+def alternatives(prop: Proposal) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+    """A tree proposal's other root-to-leaf paths (its first one is its chain), likeliest leaf first:
+    ``(tokens from the root, conditional probability of each token)``, the probabilities being the
+    ratios of the proposal's scores along the path (1.0 each when it gives no scores)."""
+    parents, n = prop.parents, len(prop.parents)
+    if n < 2 or prop.is_chain:
+        return []
+    on_first, node = set(), -1
+    for i, p in enumerate(parents):
+        if p == node:
+            on_first.add(i)
+            node = i
+    has_kid = {p for p in parents if p >= 0}
+    sc = prop.scores
+    leaves = [i for i in range(n) if i not in has_kid and i not in on_first]
+    if sc is not None:
+        leaves.sort(key=lambda i: -sc[i])
+    out = []
+    for leaf in leaves:
+        path, i = [], leaf
+        while i >= 0:
+            path.append(i)
+            i = parents[i]
+        path.reverse()
+        if sc is None:
+            probs = (1.0,) * len(path)
+        else:
+            probs = tuple(
+                max(0.0, min(1.0, sc[i] / sc[parents[i]] if parents[i] >= 0 and sc[parents[i]] > 0 else sc[i]))
+                for i in path
+            )
+        out.append((tuple(prop.tokens[i] for i in path), probs))
+    return out
+
+
+def gather_alternatives(ctx: DraftContext, chains: Sequence[Drafted]) -> list[Drafted]:
+    """The other paths of this step's tree proposals (cached by the context: no source runs twice)."""
+    out = []
+    for d in chains:
+        prop = ctx.proposal(d.source)
+        for toks, probs in alternatives(prop):
+            out.append(Drafted(d.source, toks, d.confidence, None, probs))
+    return out
+
+
 def rank(chains: Sequence[Drafted], rates: SourceRates, forced: str | None = None) -> list[Drafted]:
     """Best first: ``forced`` when it proposes, then by expected accepted tokens under the measured rates."""
     def score(d: Drafted):
@@ -182,24 +228,28 @@ class Merged:
     chains: dict  # {source: (confident?, tokens)} of every chain laid out (tree.meta["chains"], for SourceRates.observe)
 
 
-def merge(ranked: Sequence[Drafted], rates: SourceRates) -> Merged:
+def merge(ranked: Sequence[Drafted], rates: SourceRates, alts: Sequence[Drafted] = ()) -> Merged:
+    """``ranked``: one chain per source, best first; ``alts``: tree proposals' other paths, hung as side
+    chains after every ranked chain (they never lead the spine nor enter the measured rates)."""
     if not ranked:
         return Merged([], [], 0.0, None, [], {})
     lead = ranked[0]
     spine = list(lead.tokens)
     vouch: list[list[str]] = [[lead.source] for _ in spine]
     sides: list[tuple[Drafted, int]] = []
-    for d in ranked[1:]:
+    for d in (*ranked[1:], *alts):
+        alt = d.probs is not None
         k = 0
         n = min(len(d.tokens), len(spine))
         while k < n and d.tokens[k] == spine[k]:
-            vouch[k].append(d.source)
+            if not alt:
+                vouch[k].append(d.source)
             k += 1
-        if k == len(spine) and len(d.tokens) > k:  # agrees with the whole spine and goes on: extends it
+        if k == len(spine) and len(d.tokens) > k and not alt:  # agrees with the whole spine and goes on: extends it
             spine.extend(d.tokens[k:])
             vouch.extend([d.source] for _ in d.tokens[k:])
-        elif k < len(d.tokens):
-            sides.append((d, k))
+        elif k < len(d.tokens) and not (alt and k == len(spine)):
+            sides.append((d, k))  # leaves the spine at depth k (an alternative path: always a side chain)
     chains = {d.source: (rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}
     return Merged(spine, [tuple(v) for v in vouch], lead.confidence, lead, sides, chains)
 
@@ -249,7 +299,15 @@ class Trie:
                 continue
             node = fork  # the spine node at depth fork (the root when 0)
             key = rates.key(d.source, d.confidence)
-            reach = rates.reach(key, min(len(d.tokens), depth_cap) - fork, fork)
+            n = min(len(d.tokens), depth_cap) - fork
+            if d.probs is None:
+                reach = rates.reach(key, n, fork)
+            else:  # the source's measured reach to the fork, then the proposal's own odds of this path
+                r = rates.reach(key, fork)[-1] if fork else 1.0
+                reach = []
+                for p in d.probs[fork : fork + n]:
+                    r *= p
+                    reach.append(r)
             for j, r in enumerate(reach):
                 t = d.tokens[fork + j]
                 c = self.child(node, t)

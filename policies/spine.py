@@ -50,7 +50,9 @@ from pydantic import Field, field_validator
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Proposal, Request, TreePolicy, Verified
-from goose.policies.merge import CHAIN, Drafted, Merged, SourceRates, Trie, chain_sources, first_chain, gather, merge, rank
+from goose.policies.merge import (
+    CHAIN, Drafted, Merged, SourceRates, Trie, chain_sources, first_chain, gather, gather_alternatives, merge, rank,
+)
 from goose.tree import ROOT, DraftTree
 
 SPINE = "spine"
@@ -263,7 +265,7 @@ class SpinePolicy(TreePolicy):
         chains = gather(ctx, self._chains)
         if not self.options.confidence:  # the ablation: each chain unextended, confidence 0
             chains = [Drafted(d.source, d.tokens[: d.base] if d.base else d.tokens, 0.0, d.base) for d in chains]
-        return merge(rank(chains, self.rates, self._spine), self.rates)
+        return merge(rank(chains, self.rates, self._spine), self.rates, gather_alternatives(ctx, chains))
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         if not self._bound:

@@ -223,3 +223,57 @@ def test_fault_mask_leak_between_merged_chains_is_caught(monkeypatch):
     except Exception as exc:  # noqa: BLE001 - an assertion or a crash: the property failed
         failed = exc
     assert failed is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# A tree proposal's other paths hang as side chains, weighed by the proposal's own odds
+# ----------------------------------------------------------------------------------------------
+class Forked(goose.DraftSource):
+    """A tree proposal: a wrong first chain and, at depth 1, an alternative path that is the
+    truth (score 0.4 against the chain's 0.6), plus a weak third path (score 0.01)."""
+
+    name = "forked"
+
+    def propose(self, state):
+        truth = reference_greedy(list(state.tokens), 4, V)
+        wrong = (truth[0] + 1) % V
+        weak = (truth[0] + 2) % V
+        toks = (wrong, (wrong + 3) % V, truth[0], truth[1], truth[2], weak)
+        parents = (-1, 0, -1, 2, 3, -1)
+        scores = (0.6, 0.6, 0.4, 0.4, 0.4, 0.01)
+        return goose.Proposal(self.name, toks, parents, scores, 0.5)
+
+
+@pytest.mark.parametrize("policy", ["spine", "spine-fit"])
+def test_tree_proposal_alternatives_are_drafted(policy):
+    dec = _compose([Forked()], policy)
+    out = dec.generate(PROMPT, max_new_tokens=24)
+    assert list(out.token_ids) == reference_greedy(PROMPT, 24, V)
+    # the alternative (the truth) is accepted: more than one token per pass on average
+    assert out.stats.per_source["forked"]["accepted"] > 0
+    assert out.stats.tau > 1.5
+
+
+def test_alternatives_gate_by_the_proposals_odds():
+    from goose.interfaces import DraftContext, DraftState
+    from goose.policies.spine import SpinePolicy
+
+    state = DraftState(tuple(PROMPT), len(PROMPT), PROMPT[-1], PROMPT[-2], 60, 16, 0)
+    src = Forked()
+    pol = SpinePolicy()
+    pol.bind([src])
+    tree = pol.shape(DraftContext(state, [src], vocab_size=V))
+    truth = reference_greedy(PROMPT, 3, V)
+    kids = {tree.tokens[c] for c in tree.children[0]}
+    assert truth[0] in kids  # the 0.4 path hangs under the root
+    assert (truth[0] + 2) % V not in kids  # the 0.01 path is under side_min
+    # the whole alternative path is there, labelled a side chain of its source
+    node = next(c for c in tree.children[0] if tree.tokens[c] == truth[0])
+    assert tree.origins[node] == "chain" and tree.sources[node] == ("forked",)
+    depth = 1
+    while tree.children[node]:
+        node = tree.children[node][0]
+        depth += 1
+    assert depth == 3
+    # the rates learn only from the source's first chain (its alternatives do not enter them)
+    assert set(tree.meta["chains"]) == {"forked"} and tree.meta["chains"]["forked"][1][0] == (truth[0] + 1) % V
