@@ -372,3 +372,55 @@ def test_a_method_with_options_is_benchmarked(tiny_model_dir, tmp_path, capsys):
     rc = main(["bench", "--model", str(tiny_model_dir), "--datasets", "demo@1", "--methods", "pld{max_chian=4}/chain",
                "--no-plots", "--out", ""])
     assert rc != 0 and "max_chian" in capsys.readouterr().err
+
+
+def test_bench_samples_each_prompt_k_times_by_one_decoder(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "passk"
+    rc = main([
+        "bench", "--model", str(tiny_model_dir), "--datasets", "demo@2", "--max-new-tokens", "16", "--methods",
+        "ar,pld+tr/spine-fit,pld+suffix+tr/spine-fit", "--threads", "1", "--warmup", "0", "--no-plots",
+        "--out", str(out), "--temperature", "0.8", "--top-p", "0.95", "--seed", "5", "--samples", "3",
+    ])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["samples"] == 3
+    runs = data["runs"]
+    assert len(runs) == 2 * 3 * 3 and {r["sample"] for r in runs} == {1, 2, 3}
+    ref = {r["prompt_id"]: r["tokens"] for r in runs if r["method"] == "ar"}
+    assert len(ref) == 6 and len({tuple(v) for v in ref.values()}) > 1  # each draw its own seed
+    for r in runs:
+        assert r["tokens"] == ref[r["prompt_id"]], r  # seed-identical to transformers, every draw
+    # one decoder per prompt and method, renewed per prompt: the history holds the earlier draws of this prompt only
+    hist = [r["stats"]["extra"]["suffix"]["history_requests"] for r in runs
+            if r["method"] == "pld+suffix+tr/spine-fit"]
+    assert hist == [0, 1, 2, 0, 1, 2]  # stats are taken before end(): the s-th draw saw s - 1
+    assert [r["dataset"] for r in data["by_sample"]][:3] == ["#1"] * 3
+    assert "By sample index" in printed and "3 draws of every prompt" in printed
+
+
+def test_bench_turns_ask_follow_ups_after_the_methods_own_answers(tiny_model_dir, tmp_path, capsys):
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"question_id": 7, "turns": ["Name a colour.", "Now name another one."]}) + "\n")
+    assert main(["bench", "--model", str(tiny_model_dir), "--datasets", f"jsonl:{chat}", "--turns", "2", "--out", ""]) != 0
+    assert "needs --chat" in capsys.readouterr().err
+    out = tmp_path / "turns"
+    rc = main([
+        "bench", "--model", str(tiny_model_dir), "--datasets", f"jsonl:{chat}", "--max-new-tokens", "12", "--methods",
+        "ar,suffix+tr/spine", "--threads", "1", "--warmup", "0", "--no-plots", "--out", str(out), "--chat",
+        "--turns", "2",
+    ])
+    capsys.readouterr()
+    assert rc == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [(r["prompt_id"], r["method"]) for r in runs] == [("7#1", "ar"), ("7#1", "suffix+tr/spine"),
+                                                           ("7#2", "ar"), ("7#2", "suffix+tr/spine")]
+    assert runs[0]["tokens"] == runs[1]["tokens"] and runs[2]["tokens"] == runs[3]["tokens"]
+    assert runs[3]["stats"]["extra"]["suffix"]["history_requests"] == 1
+
+
+def test_bench_refuses_samples_with_turns(tiny_model_dir, capsys):
+    assert main(["bench", "--model", str(tiny_model_dir), "--samples", "2", "--turns", "2", "--chat", "--out", ""]) != 0
+    assert "cannot be combined" in capsys.readouterr().err
+    assert main(["bench", "--model", str(tiny_model_dir), "--samples", "0", "--out", ""]) != 0
+    assert "must be >= 1" in capsys.readouterr().err

@@ -172,6 +172,7 @@ class Run:
     seconds: float
     forward_passes: int | None = None
     stats: dict = field(default_factory=dict)
+    sample: int | None = None  # with --samples / --turns: the draw or turn of this prompt, 1-based
 
 
 class Runner:
@@ -301,6 +302,18 @@ def summarize(runs: list[Run], methods: list[str]) -> list[dict]:
                 "per_source": per_source,
             }
             rows.append(row)
+    return rows
+
+
+def per_sample(runs: list[Run], methods: list[str]) -> list[dict]:
+    """Rows of :func:`summarize` per sample index (dataset column ``#s``), pooled over prompts and datasets."""
+    from dataclasses import replace
+
+    idx = sorted({r.sample for r in runs if r.sample is not None})
+    rows = []
+    for s in idx:
+        mine = [replace(r, dataset=f"#{s}") for r in runs if r.sample == s]
+        rows += [row for row in summarize(mine, methods) if row["dataset"] != "ALL"]
     return rows
 
 
@@ -472,6 +485,13 @@ def add_parser(sub) -> None:
     b.add_argument("--top-k", type=int, default=None, help="with --temperature: top-k (default: none)")
     b.add_argument("--top-p", type=float, default=None, help="with --temperature: top-p (default: none)")
     b.add_argument("--seed", type=int, default=0, help="with --temperature: seed of the first prompt")
+    b.add_argument("--samples", type=int, default=1,
+                   help="decode each prompt this many times with every method (repeating workloads: pass@k, "
+                   "self-consistency): draw s of prompt i under seed --seed + i * samples + s; all draws of a prompt "
+                   "by one decoder, in order; the report adds speedups per sample index")
+    b.add_argument("--turns", type=int, default=1,
+                   help="multi-turn prompts (MT-Bench, Spec-Bench; needs --chat): ask up to this many turns, each after "
+                   "the method's own earlier answers, in one conversation with one decoder; reported per turn")
     b.add_argument(
         "--greedy-from", default=None, metavar="RESULTS",
         help="reuse the greedy (ar) outputs of an earlier run's results.json (same model, dtype, threads, "
@@ -495,6 +515,15 @@ def run(args) -> int:
         raise InvalidInputError(f"--temperature {args.temperature}: must be >= 0 (0: greedy). Hint: --temperature 0.7")
     if not getattr(args, "temperature", 0.0) and (getattr(args, "top_k", None) is not None or getattr(args, "top_p", None) is not None):
         raise InvalidInputError("--top-k and --top-p need --temperature > 0 (greedy decoding draws nothing). Hint: --temperature 0.7 --top-p 0.9")
+    samples, turns = getattr(args, "samples", 1), getattr(args, "turns", 1)
+    if samples < 1 or turns < 1:
+        raise InvalidInputError(f"--samples {samples} / --turns {turns}: each must be >= 1. Hint: --samples 10")
+    if samples > 1 and turns > 1:
+        raise InvalidInputError("--samples and --turns cannot be combined. Hint: run them as two benchmarks")
+    if turns > 1 and not args.chat:
+        raise InvalidInputError(f"--turns {turns} needs --chat: the turns are a conversation. Hint: add --chat")
+    if (samples > 1 or turns > 1) and getattr(args, "greedy_from", None):
+        raise InvalidInputError("--greedy-from keeps one greedy output per prompt; it cannot serve --samples or --turns")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         if m not in BASELINES:
@@ -515,9 +544,13 @@ def run(args) -> int:
     runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens, sampling) for m in methods if not (reused and m == "ar")}
     _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve once per machine)")
 
-    def encode(text: str):
+    def encode(text: str, earlier: tuple = (), answers: tuple = ()):
         if args.chat:
-            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            chat = []
+            for q, a in zip(earlier, answers):
+                chat += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            chat.append({"role": "user", "content": text})
+            text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         return tok(text, return_tensors="pt")["input_ids"]
 
     if args.warmup:
@@ -534,29 +567,41 @@ def run(args) -> int:
     try:
         t_start = time.time()
         for k, p in enumerate(prompts):
-            ids = encode(p.text)
             for m in methods:
                 if not getattr(args, "warm", False) and m in runners:
                     runners[m].renew()  # fresh per-request and cross-request state: the prompt is new to it
-                if reused and m == "ar":
-                    runs.append(reused[(p.dataset, p.id)])
-                    continue
-                _progress(k, len(prompts), p, m, t_start)
-                times, toks, st = [], None, {}
-                for _ in range(max(1, args.repeats)):
-                    toks, dt, st = runners[m].run(ids, seed=args.seed + k)
-                    times.append(dt)
-                spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
-                st["time_spread"] = spread
-                runs.append(Run(p.dataset, p.id, m, toks, statistics.median(times), st.get("forward_passes"), st))
-            ref = runs[-len(methods)].tokens
-            for r in runs[-len(methods) + 1 :]:
-                pos = first_mismatch(r.tokens, ref)
-                if pos is not None:
-                    gap = None
-                    if not args.no_gap and pos < len(ref):
-                        gap = top2_gap(model, ids, ref, pos)
-                    mismatches.append({"dataset": p.dataset, "prompt_id": p.id, "method": r.method, "position": pos, "top2_gap": gap})
+            subs = samples if samples > 1 else min(turns, max(1, len(p.turns)))
+            answers: dict = {m: [] for m in methods}
+            for s in range(subs):
+                pid = p.id if subs == 1 and samples == 1 and turns == 1 else f"{p.id}#{s + 1}"
+                first = len(runs)
+                for m in methods:
+                    if turns > 1:  # the conversation so far, with this method's own answers
+                        ids = encode(p.turns[s], p.turns[:s], tuple(answers[m]))
+                    else:
+                        ids = encode(p.text)
+                    if reused and m == "ar":
+                        runs.append(reused[(p.dataset, p.id)])
+                        continue
+                    _progress(k, len(prompts), p, m, t_start)
+                    times, toks, st = [], None, {}
+                    for _ in range(max(1, args.repeats)):
+                        toks, dt, st = runners[m].run(ids, seed=args.seed + k * samples + s)
+                        times.append(dt)
+                    spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
+                    st["time_spread"] = spread
+                    runs.append(Run(p.dataset, pid, m, toks, statistics.median(times), st.get("forward_passes"), st,
+                                    None if pid == p.id else s + 1))
+                    if turns > 1:
+                        answers[m].append(tok.decode(toks, skip_special_tokens=True))
+                ref = runs[first].tokens
+                for r in runs[first + 1 :]:
+                    pos = first_mismatch(r.tokens, ref)
+                    if pos is not None:
+                        gap = None
+                        if not args.no_gap and pos < len(ref) and turns == 1:
+                            gap = top2_gap(model, ids, ref, pos)
+                        mismatches.append({"dataset": p.dataset, "prompt_id": pid, "method": r.method, "position": pos, "top2_gap": gap})
             if args.out:  # save as we go: an interrupted run keeps every finished prompt
                 _save(Path(args.out), {"meta": {"partial": True, "prompts_done": k + 1, "prompts": len(prompts),
                                                 "machine": {"cpu_line": machine.describe()}}, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
@@ -566,6 +611,10 @@ def run(args) -> int:
     rows = summarize(runs, methods)
     prof = profile(runs, methods)
     md = report_md(rows, runs, methods, prof)
+    by_sample = per_sample(runs, methods)
+    if by_sample:
+        md += ("\n\nBy " + ("turn" if turns > 1 else "sample index") + " (every prompt's draw or turn s, pooled over "
+               "prompts; the first has no history of this prompt, the s-th has s - 1 earlier outputs):\n\n" + table(by_sample))
     noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
     meta = {
         "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
@@ -582,6 +631,8 @@ def run(args) -> int:
         "repeats": args.repeats,
         "warmup": args.warmup,
         "warm": bool(getattr(args, "warm", False)),
+        "samples": samples,
+        "turns": turns,
         "greedy_from": getattr(args, "greedy_from", None),
         "temperature": getattr(args, "temperature", 0.0),
         "top_k": getattr(args, "top_k", None),
@@ -594,6 +645,9 @@ def run(args) -> int:
         + (f"sampling at temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed} + prompt index; "
            "hf-pld samples too; 'identical' = seed-identical to transformers' sampling)\n" if getattr(args, "temperature", 0.0) else "greedy)\n")
         + f"CPU: {machine.describe()}\n"
+        + (f"{samples} draws of every prompt per method, in order, by one decoder per prompt and method.\n" if samples > 1 else "")
+        + (f"Up to {turns} turns of every prompt, each after the method's own answers, by one decoder per prompt and method.\n"
+           if turns > 1 else "")
         + ("WARM: one decoder per method across all prompts (state learned on earlier prompts, and the "
            "warm-up's, is kept)\n" if getattr(args, "warm", False) else "Each prompt decoded by a freshly composed decoder.\n")
     )
@@ -617,7 +671,7 @@ def run(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        _save(out, {"meta": meta, "summary": rows, "profile": prof, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]})
+        _save(out, {"meta": meta, "summary": rows, "by_sample": by_sample, "profile": prof, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]})
         (out / "results.md").write_text(md + "\n")
         print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
         if not args.no_plots:

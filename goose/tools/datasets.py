@@ -28,6 +28,7 @@ class Prompt:
     id: str
     text: str
     category: str = ""
+    turns: tuple[str, ...] = ()  # every user turn of a multi-turn prompt (MT-Bench, Spec-Bench), text = turns[0]
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -112,7 +113,8 @@ def _turns(name: str, path: Path, category: str | None) -> list[Prompt]:
     if category and category not in cats:
         raise InvalidInputError(f"{name} has no category {category!r}. Available: {', '.join(cats)}")
     return [
-        Prompt(name if not category else f"{name}:{category}", str(r["question_id"]), r["turns"][0], r.get("category", ""))
+        Prompt(name if not category else f"{name}:{category}", str(r["question_id"]), r["turns"][0], r.get("category", ""),
+               tuple(r["turns"]))
         for r in rows
         if not category or r.get("category") == category
     ]
@@ -128,7 +130,8 @@ def any_jsonl(path: Path) -> list[Prompt]:
         for key in ("prompt", "turns", "question", "text", "instruction"):
             if key in r:
                 v = r[key][0] if key == "turns" else r[key]
-                out.append(Prompt(path.stem, str(r.get("id", r.get("question_id", i))), v))
+                turns = tuple(r[key]) if key == "turns" else ()
+                out.append(Prompt(path.stem, str(r.get("id", r.get("question_id", i))), v, "", turns))
                 break
         else:
             raise InvalidInputError(f"{path}:{i + 1}: no prompt field (prompt, turns, question, text, instruction)")
