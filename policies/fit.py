@@ -104,6 +104,12 @@ class FitOptions(Options):
         "'classes': independent rates per (origin, depth, sibling rank)",
     )
     max_rank: int = Field(16, ge=1, description="cascade: sibling ranks beyond this are given probability 0")
+    shadow: bool = Field(
+        True,
+        description="cascade: also learn the spine rate one depth past what was verified (the spine node the fit "
+        "cut, or the first one on a plain step), checked against the target's next token, so that deeper spine "
+        "nodes are earned by evidence instead of staying at the prior",
+    )
 
 
 class FitPolicy(TreePolicy):
@@ -231,6 +237,7 @@ class FitPolicy(TreePolicy):
 
     def _fit(self, ctx: DraftContext) -> DraftTree | None:
         self._kind = "fitted"
+        self._shadow = None
         tree = self.inner.shape(ctx)
         if tree is None or tree.num_nodes < 2:
             return tree
@@ -241,6 +248,8 @@ class FitPolicy(TreePolicy):
         parents = tree.parents
         n = tree.num_nodes
         route, view = _per_source(tree)
+        if self.options.shadow and self.options.estimator == "cascade":
+            self._shadow = (route, _spine_tokens(tree))
         model = self._model(route) if self.options.estimator == "cascade" else None
         if model is not None:
             try:
@@ -316,6 +325,9 @@ class FitPolicy(TreePolicy):
             self._account(verified)
         self._step = None
         tree = verified.tree
+        shadow, self._shadow = getattr(self, "_shadow", None), None
+        if shadow is not None and verified.kind == "tree" and tree is not None:
+            self._learn_past(shadow, verified)
         if verified.kind == "tree" and tree is not None and tree.num_nodes > 1:
             if self.pending is not None:
                 self.counts["predicted_tokens"] += self.pending
@@ -341,6 +353,29 @@ class FitPolicy(TreePolicy):
                     if i in on_path:
                         self.acc[keys[i]] += 1
         self.inner.observe(verified)
+
+    def _learn_past(self, shadow, verified: Verified) -> None:
+        """One spine trial past the verified spine: when the walk accepted every spine node kept (none
+        on a plain step) and the inner tree's spine went on, its next token is checked against the
+        target's token there (the walk's next node, or the bonus). The trial is conditioned as the rate is (every shallower spine
+        token right), so the estimate stays unbiased while deep depths get evidence they would
+        otherwise only get from trees the rates do not yet justify."""
+        route, spine = shadow
+        tree, path = verified.tree, verified.path
+        origins = tree.origins
+        kept = sum(1 for o in origins if o == "spine")
+        if kept >= len(spine) or len(path) < kept + 1 or any(origins[i] != "spine" for i in path[1 : kept + 1]):
+            return
+        # the target's token after the kept spine: the walk's next node if it went on, else the bonus
+        target = tree.tokens[path[kept + 1]] if len(path) > kept + 1 else verified.bonus
+        if target is None:
+            return
+        c = self.route_counts[route]
+        c.spine_trials[kept + 1] += 1
+        if target == spine[kept]:
+            c.spine_hits[kept + 1] += 1
+        self.models.pop(route, None)
+        self.counts["shadow_trials"] += 1
 
     def end(self, output) -> None:
         self.inner.end(output)
@@ -380,6 +415,7 @@ class FitPolicy(TreePolicy):
             fit_predicted_tokens=round(float(c["predicted_tokens"]), 3),
             fit_predicted_steps_tokens=c["predicted_steps_tokens"],
             fit_model_misfits=c["model_misfits"],
+            fit_shadow_trials=c["shadow_trials"],
             fit_latency_ratio_single=round(self._ratios()[0], 3) if hasattr(self, "_t") else None,
             fit_latency_ratio_tree=round(self._ratios()[1], 3) if hasattr(self, "_t") else None,
             fit_gain_scale=round(self._kappa(), 3),
@@ -394,6 +430,17 @@ class _View:
 
     def __init__(self, parents, origins):
         self.parents, self.origins = parents, origins
+
+
+def _spine_tokens(tree: DraftTree) -> list[int]:
+    """The spine's tokens, depth 1 first (the root's spine child, its spine child, ...)."""
+    out, node, kids, origins = [], 0, tree.children, tree.origins
+    while True:
+        nxt = next((k for k in kids[node] if origins[k] == "spine"), None)
+        if nxt is None:
+            return out
+        out.append(tree.tokens[nxt])
+        node = nxt
 
 
 def _per_source(tree: DraftTree):

@@ -322,3 +322,68 @@ def test_calibration_leaves_torch_global_generator_alone():
     c = measure(model, sizes=(1, 2, 4), past_len=16, repeats=1)
     assert c.head and c.head[0][0] == 1  # the LM head was timed
     assert torch.equal(torch.get_rng_state(), before)
+
+
+class _Oracle(goose.DraftSource):
+    """A chain source that is always right, 16 tokens deep: the source that has earned long chains."""
+
+    name = "oracle"
+
+    def propose(self, state):
+        return goose.Proposal.chain(self.name, reference_greedy(list(state.tokens), 16, 16), confidence=0.5)
+
+
+CONCAVE = {1: 1.0, 2: 1.3, 4: 1.8, 8: 2.6, 16: 4.5, 128: 40.0}
+
+
+def _oracle_run(shadow):
+    dec = goose.compose(
+        ToyCausalLM(16), None, sources=[_Oracle(), "tr"], policy="spine-fit",
+        policy_options={"latency": CONCAVE, "shadow": shadow}, budget=24,
+    )
+    out = dec.generate([3, 1, 4, 1, 5], max_new_tokens=80)
+    assert out.token_ids == reference_greedy([3, 1, 4, 1, 5], 80, 16)
+    return out
+
+
+def test_shadow_trials_let_an_earned_chain_grow():
+    """The spine rate one depth past the verified spine is learned from the target's next token, so
+    a source that is always right gets its deep chain within a few steps; without it the cascade
+    learns a depth only once it already drafts there."""
+    on, off = _oracle_run(True), _oracle_run(False)
+    pol_on = on.stats.extra["policy"]
+    assert pol_on["fit_shadow_trials"] > 0 and off.stats.extra["policy"]["fit_shadow_trials"] == 0
+    assert on.stats.forward_passes < off.stats.forward_passes, (on.stats.forward_passes, off.stats.forward_passes)
+
+
+def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
+    from goose.interfaces import Verified
+    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.tree import DraftTree
+
+    import torch
+
+    pol = FitPolicy(FitOptions(latency=FLAT))
+    full = DraftTree.build((9, 1, 2, 3, 4), (-1, 0, 1, 2, 3), "spine", route="chain")
+    kept = full.subtree([0, 1, 2])  # the fit kept 2 of 4 spine nodes
+
+    def verified(tree, path, bonus):
+        n = tree.num_nodes
+        return Verified("tree", torch.tensor(tree.tokens), torch.full((n,), -1), torch.zeros(n, 4), (0,) * n,
+                        tree, path, tuple(tree.tokens[i] for i in path[1:]), bonus)
+
+    for bonus, hits in ((3, 1), (7, 1)):  # the cut spine token 3 is right, then wrong
+        pol._shadow = ("chain", (1, 2, 3, 4))
+        pol.observe(verified(kept, (0, 1, 2), bonus))
+        c = pol.route_counts["chain"]
+        assert c.spine_hits[3] == hits
+    assert c.spine_trials[3] == 2
+    # a walk that broke inside the kept spine says nothing about depth 3
+    pol._shadow = ("chain", (1, 2, 3, 4))
+    pol.observe(verified(kept, (0, 1), 5))
+    assert c.spine_trials[3] == 2
+    # a plain step (nothing kept): depth 1, against the bonus
+    t1, h1 = c.spine_trials[1], c.spine_hits[1]
+    pol._shadow = ("chain", (1, 2, 3, 4))
+    pol.observe(verified(DraftTree.single(9), (0,), 1))
+    assert (c.spine_trials[1], c.spine_hits[1]) == (t1 + 1, h1 + 1)
