@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import goose
 from goose.theory import allocation as al
+from goose.theory import sources as so
 from goose.theory.__main__ import main as theory_main
 from goose.theory.calibrate import (
     Record,
@@ -30,10 +31,19 @@ from goose.theory.calibrate import (
 from goose.theory.checks import (
     CHAIN,
     HARMONIC_REGION,
+    NS_EXAMPLE,
+    NS_EXAMPLE_BUDGET,
+    NS_GAP,
     PROP3_ISO_RATIO,
     PROP4_RATIO,
     Check,
     Report,
+    random_plan,
+    check_nsource_dominance,
+    check_nsource_estimates,
+    check_nsource_example,
+    check_nsource_model,
+    check_nsource_optimum,
     check_prop4_per_cycle,
     per_cycle_margins,
     random_logged_tree,
@@ -492,3 +502,153 @@ def test_recorder_reproduces_the_decoders_tau():
     assert cmp_.requests == requests
     assert cmp_.tau_measured == pytest.approx(gen / passes)
     assert per_cycle_margins(recs)[2] == 0  # every logged path is the greedy walk of its argmax
+
+
+# ---------------------------------------------------------------------------------------------
+# N chain sources (theory/sources.py)
+# ---------------------------------------------------------------------------------------------
+seeds = st.integers(0, 2**32 - 1)
+
+
+def _small(seed: int) -> tuple[so.Sources, int, np.random.Generator]:
+    rng = np.random.default_rng(seed)
+    return so.random_sources(rng, (2, 3), 4), int(rng.integers(3, 20)), rng
+
+
+def test_nsource_hand_computed_values():
+    # leader 1 (p = 0.8) spine of 1; source 0 (p = 0.5) as a 1-token side chain; q_1 = 0.1
+    src = so.Sources(((0.5,), (0.8,)), (0.1,))
+    assert so.rank(src) == [1, 0]
+    # accepted: 1 - P(both wrong) = 1 - 0.5 * 0.2; no TR
+    assert so.evaluate(src, so.Plan(1, 1, (1, 0), (0, 0), 0.0)) == pytest.approx(1 + 0.9)
+    # one TR node at the root: stops there when both are wrong (0.2 * 0.5), catches with q_1
+    assert so.evaluate(src, so.Plan(1, 1, (1, 0), (1, 0), 0.0)) == pytest.approx(1 + 0.9 + 0.1 * 0.1)
+    # one TR node under the spine node: reached with 0.8, nothing drafted below it
+    assert so.evaluate(src, so.Plan(1, 1, (1, 0), (0, 1), 0.0)) == pytest.approx(1 + 0.9 + 0.8 * 0.1)
+    # the best tree of 3 nodes drafts both chains, whichever leads (0.9 beats 0.8 + 0.08 with a TR node)
+    best = so.best_plan(src, 3)
+    assert best.spine + sum(best.sides) == 2 and best.value == pytest.approx(1.9)
+
+
+def test_nsource_rejects_what_it_cannot_model():
+    with pytest.raises(ValueError, match="non-increasing"):
+        so.Sources(((0.5,),), (0.1, 0.2))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        so.Sources(((1.5,),), (0.1,))
+    with pytest.raises(ValueError, match="at least one source"):
+        so.Sources(((0.5,), ()), (0.1,))
+    with pytest.raises(ValueError, match="more than the budget"):
+        so.fit(so.Sources(((0.5,) * 4,), (0.1,)), 0, 4, (0,), 4)
+
+
+@settings(deadline=None, max_examples=25)
+@given(seed=seeds)
+def test_nsource_exact_value_equals_enumeration(seed):
+    src, B, rng = _small(seed)
+    for plan in (so.rate_plan(src, B), random_plan(rng, src)):
+        assert so.enumerate_value(src, plan) == pytest.approx(plan.value, abs=1e-12)
+
+
+@settings(deadline=None, max_examples=25)
+@given(seed=seeds)
+def test_nsource_trie_accepts_the_longest_drafted_right_prefix(seed):
+    src, B, rng = _small(seed)
+    plan = random_plan(rng, src)
+    for A in so.sample_prefixes(src, 20, rng):
+        tree, drafted = so.realize(src, plan, A)
+        depth, _ = so.chain_walk(tree)
+        assert depth == max(min(int(a), d) for a, d in zip(A, drafted))
+        assert tree.num_nodes <= plan.nodes
+
+
+@settings(deadline=None, max_examples=25)
+@given(seed=seeds)
+def test_nsource_one_source_tree_is_the_spine_dp(seed):
+    src, B, _ = _small(seed)
+    for s in range(src.n):
+        dp, _ = optimal_spine_tree(src.chains[s], src.branch, B, src.length(s))
+        assert so.one_source_plan(src, s, B).value == pytest.approx(dp, abs=1e-12)
+
+
+@settings(deadline=None, max_examples=25)
+@given(seed=seeds)
+def test_nsource_rate_tree_contains_its_leader_and_the_tr_trees(seed):
+    """The two theorems: never below the leader's one-source tree, nor the optimal TR-only tree (so
+    nor any isotropic tree); and never over budget."""
+    rng = np.random.default_rng(seed)
+    src, B = so.random_sources(rng), int(rng.integers(4, 65))
+    plan = so.rate_plan(src, B)
+    assert plan.nodes <= B
+    assert plan.value >= so.one_source_plan(src, plan.leader, B).value - 1e-12
+    tr, _ = optimal_single_source(src.branch, B)
+    assert plan.value >= tr - 1e-12 >= so.isotropic_value(src.branch, B)[0] - 2e-12
+    assert so.best_plan(*_small(seed)[:2]).value >= so.rate_plan(*_small(seed)[:2]).value - 1e-12
+
+
+def test_nsource_simulation_agrees_with_the_exact_value():
+    rng = np.random.default_rng(7)
+    src = so.random_sources(rng, (3, 3), 8)
+    for plan in (so.rate_plan(src, 40), so.list_order_plan(src, 40)):
+        sim, broken = so.simulate_tokens(src, plan, 20000, rng)
+        assert broken == 0
+        assert abs(sim.mean() - plan.value) <= 5 * sim.std(ddof=1) / math.sqrt(len(sim))
+
+
+def test_nsource_list_order_example():
+    """The numbers docs/theory.md quotes: a weak source listed first."""
+    src, B = NS_EXAMPLE, NS_EXAMPLE_BUDGET
+    rate, listed, alone = so.rate_plan(src, B), so.list_order_plan(src, B), so.one_source_plan(src, 0, B)
+    assert rate.leader == 1 and listed.leader == 0
+    assert (round(rate.value, 3), round(listed.value, 3), round(alone.value, 3)) == (5.132, 5.067, 1.697)
+
+
+def test_nsource_measured_rates_shrink_toward_the_prior():
+    src = so.Sources(((0.9,) * 3, (0.2,) * 2), (0.1,))
+    rng = np.random.default_rng(0)
+    assert so.observed_rates(src, 0, rng).chains == ((0.25,) * 3, (0.25,) * 2)
+    far = so.observed_rates(src, 20000, rng)
+    assert np.allclose(far.chains[0], 0.9, atol=0.02) and np.allclose(far.chains[1], 0.2, atol=0.03)
+
+
+def _statuses(lines):
+    return {c.name: c.status for c in lines}
+
+
+def test_nsource_checks_hold():
+    rng = np.random.default_rng(0)
+    lines = (check_nsource_model(rng, cases=3, walks=5000) + check_nsource_dominance(rng, 40)
+             + check_nsource_optimum(rng, cases=10) + check_nsource_example() + check_nsource_estimates(rng))
+    assert "fails" not in _statuses(lines).values(), [c.line() for c in lines if c.status == "fails"]
+    assert {"holds", "note"} == set(_statuses(lines).values())
+
+
+def _reversed_ranking(src, budget):
+    return so.ascend(src, so.rank(src)[-1], budget)
+
+
+@pytest.mark.parametrize("planner", [_reversed_ranking, so.list_order_plan], ids=["reversed", "list-order"])
+def test_nsource_dominance_check_fails_for_a_bad_leader(planner):
+    lines = _statuses(check_nsource_dominance(np.random.default_rng(0), 40, planner) + check_nsource_example(planner))
+    assert lines[f"nsource.rate_ge_every_one_source[E1>={NS_GAP:g}E2]"] == "fails"
+    assert lines["nsource.list_order_loses[example]"] == "fails"
+    # the theorems hold for any leader: they are about the layout, not the ranking
+    assert lines["nsource.rate_ge_leader_one_source"] == lines["nsource.rate_ge_isotropic"] == "holds"
+
+
+def test_nsource_regret_check_fails_for_an_estimator_that_ignores_the_steps():
+    def blind(src, steps, rng):
+        return so.observed_rates(src, 0, rng)
+
+    lines = _statuses(check_nsource_estimates(np.random.default_rng(0), estimator=blind, cases=10))
+    assert lines["nsource.estimated_rates_regret"] == "fails"
+
+
+def test_nsource_model_check_catches_a_wrong_formula(monkeypatch):
+    right = so.chain_terms
+
+    def no_sides(src, leader, spine, sides):  # forgets the side chains
+        return right(src, leader, spine, (0,) * len(sides))
+
+    monkeypatch.setattr(so, "chain_terms", no_sides)
+    lines = _statuses(check_nsource_model(np.random.default_rng(0), cases=3, walks=5000))
+    assert lines["nsource.exact_vs_enumeration"] == "fails"

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="goose theory",
-        description="Acceptance model of spine trees and numerical checks of Propositions 2-4 (docs/theory.md).",
+        description="Acceptance model of spine trees and numerical checks of Propositions 2-4 and of the N-source "
+                    "allocation (docs/theory.md).",
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="run every check: one line each, exit 1 if any fails")

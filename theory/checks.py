@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from goose.theory import allocation as al
+from goose.theory import sources as so
 from goose.theory.calibrate import Record, calibration_report, compare_tau, estimate, synthetic_records
 from goose.theory.model import (
     ROOT,
@@ -595,6 +596,214 @@ def _z(est: float, true: float, trials: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# N chain sources (theory/sources.py)
+# ---------------------------------------------------------------------------------------------
+NS_CASES = 200
+NS_GAP = 2.0  # rate tree >= every one-source tree when the leader's chain is worth >= 2x the runner-up's
+NS_OBS = (0, 4, 16, 64, 256, 1024)  # steps of measured rates in the regret check
+NS_REGRET = 0.01  # mean relative regret allowed after the most steps
+NS_NOISE = 0.005  # rise of the mean regret allowed from one step count to the next (sampling noise)
+# The list-order example: the first listed source is weak (p = 0.3, 8 tokens), the second strong.
+NS_EXAMPLE = so.Sources(((0.3,) * 8, (0.8,) * 16), independent_ranks(0.03, K_TOP))
+NS_EXAMPLE_BUDGET = 60
+
+
+def check_nsource(rng: np.random.Generator, planner: so.Planner = so.rate_plan,
+                  estimator: so.Estimator = so.observed_rates) -> list[Check]:
+    """docs/theory.md, "N sources". ``planner`` and ``estimator`` are parameters so that a test can hand
+    in a bad one and see the checks fail."""
+    return (check_nsource_model(rng) + check_nsource_dominance(rng, NS_CASES, planner)
+            + check_nsource_optimum(rng, planner) + check_nsource_example(planner)
+            + check_nsource_estimates(rng, planner, estimator))
+
+
+def random_plan(rng: np.random.Generator, src: so.Sources) -> so.Plan:
+    """Any layout, with arbitrary (not optimal) forest sizes: exercises the value beyond the planners."""
+    leader = int(rng.integers(src.n))
+    L = int(rng.integers(src.length(leader) + 1))
+    sides = tuple(0 if s == leader else int(rng.integers(src.length(s) + 1)) for s in range(src.n))
+    widths = tuple(int(rng.integers(0, 5)) for _ in range(L + 1))
+    plan = so.Plan(leader, L, sides, widths, 0.0)
+    return so.Plan(leader, L, sides, widths, so.evaluate(src, plan))
+
+
+def check_nsource_model(rng: np.random.Generator, cases: int = 10, walks: int = 20000) -> list[Check]:
+    """The closed form against exhaustion (exact) and against walks of real token tries (sampled)."""
+    gap_enum = gap_dp = 0.0
+    over = 0
+    for _ in range(cases):
+        src = so.random_sources(rng, (2, 3), 5)
+        B = int(rng.integers(4, 25))
+        plans = [so.rate_plan(src, B), so.list_order_plan(src, B), random_plan(rng, src)]
+        for plan in plans:
+            gap_enum = max(gap_enum, abs(so.enumerate_value(src, plan) - plan.value))
+            tries = (so.realize(src, plan, A)[0] for A in so.sample_prefixes(src, 20, rng))
+            over += sum(t.num_nodes > plan.nodes for t in tries)
+        over += sum(p.nodes > B for p in plans[:2])
+        for s in range(src.n):
+            dp, _ = optimal_spine_tree(src.chains[s], src.branch, B, src.length(s))
+            gap_dp = max(gap_dp, abs(so.one_source_plan(src, s, B).value - dp))
+    worst, where, broken, n_mc = 0.0, "", 0, 0
+    for c in range(cases):
+        src = so.random_sources(rng, (2, 3), 8)
+        B = int(rng.integers(8, 65))
+        for plan in (so.rate_plan(src, B), so.list_order_plan(src, B), random_plan(rng, src)):
+            sim, bad = so.simulate_tokens(src, plan, walks, rng)
+            broken, n_mc = broken + bad, n_mc + 1
+            se = sim.std(ddof=1) / math.sqrt(walks)
+            err = abs(sim.mean() - plan.value)
+            z = err / se if se > 0 else (0.0 if err < TOL else math.inf)
+            if z > worst:
+                worst, where = z, f"case {c}: {src.n} sources, exact {plan.value:.4f}, MC {sim.mean():.4f}"
+    return [
+        Check.of("nsource.exact_vs_enumeration", -gap_enum,
+                 f"closed form = mean over every A of the walked token trie, {3 * cases} plans, <= 3 sources x "
+                 f"<= 5 tokens (max gap {gap_enum:.1e})"),
+        Check.of("nsource.one_source_eq_spine_dp", -gap_dp,
+                 f"best one-source tree = optimal_spine_tree(p^s, q, M, n_s) (max gap {gap_dp:.1e})"),
+        Check.of("nsource.within_budget", -over,
+                 "planned trees reserve <= M nodes and every realised trie fits its reservation"),
+        Check.of("nsource.exact_vs_monte_carlo", 5.0 - worst,
+                 f"max |z| = {worst:.2f} <= 5 over {n_mc} plans x {walks} sampled steps ({where})"),
+        Check.of("nsource.per_step_longest_right_prefix", -broken,
+                 "every sampled trie's greedy walk accepts exactly the longest drafted right prefix of any chain"),
+    ]
+
+
+def check_nsource_dominance(rng: np.random.Generator, cases: int = NS_CASES,
+                            planner: so.Planner = so.rate_plan) -> list[Check]:
+    """Exact expectations per case, over random rates (the coverage is sampled)."""
+    lead_margin = iso_margin = gap_margin = math.inf
+    over = 0
+    keys = ("gain", "iso", "listed", "alone", "led", "ratio", "short", "right", "sides")
+    col: dict[str, list] = {k: [] for k in keys}
+    for _ in range(cases):
+        src = so.random_sources(rng)
+        B = int(rng.integers(4, 65))
+        plan = planner(src, B)
+        over += plan.nodes > B
+        ones = [so.one_source_plan(src, s, B).value for s in range(src.n)]
+        iso, _ = so.isotropic_value(src.branch, B)
+        tr = 1.0 + float(so.forest(src.branch, B - 1)[-1])
+        led = [so.ascend(src, s, B).value for s in range(src.n)]  # every source as the leader
+        E = sorted((src.expected_chain(s) for s in range(src.n)), reverse=True)
+        lead_margin = min(lead_margin, plan.value / ones[plan.leader] - 1)
+        iso_margin = min(iso_margin, plan.value / tr - 1, tr / iso - 1)
+        gain = plan.value / max(ones) - 1
+        if E[0] >= NS_GAP * E[1]:
+            gap_margin = min(gap_margin, gain)
+        for k, v in (("gain", gain), ("iso", plan.value / iso - 1), ("listed", plan.value / led[0] - 1),
+                     ("alone", plan.value / ones[0] - 1), ("led", plan.value / max(led) - 1), ("ratio", E[0] / E[1]), ("short", B - 1 < max(src.length(s) for s in range(src.n))),
+                     ("right", int(np.argmax(ones)) == plan.leader), ("sides", any(plan.sides))):
+            col[k].append(v)
+    a = {k: np.asarray(v, dtype=float) for k, v in col.items()}
+    lose = a["gain"] < -TOL
+    losses = (f" (worst {a['gain'].min():+.1%}; E1/E2 <= {a['ratio'][lose].max():.2f} in all; "
+              f"{int(a['short'][lose].sum())} with M - 1 < the longest chain)") if lose.any() else ""
+    return [
+        Check.of("nsource.rate_ge_leader_one_source", min(lead_margin, -over),
+                 f"{cases} random cases (2-4 sources, 1-12 tokens, M 4..64): the tree fits M and never loses to "
+                 f"its leader's best one-source tree (theorem: the ascent starts there)"),
+        Check.of("nsource.rate_ge_isotropic", iso_margin,
+                 f"tree >= optimal TR-only tree >= best iso-k (theorem: spine length 0 is in the leader's family); "
+                 f"gain over iso-k: median {np.median(a['iso']):+.1%}, smallest {a['iso'].min():+.2%}"),
+        Check.of(f"nsource.rate_ge_every_one_source[E1>={NS_GAP:g}E2]", gap_margin,
+                 f"exact per case, {int((a['ratio'] >= NS_GAP).sum())} cases where the leader's chain is worth >= "
+                 f"{NS_GAP:g}x the runner-up's; margin: smallest relative gain over the best one-source tree"),
+        Check("nsource.rate_ge_every_one_source[all]", "note", None,
+              f"{int(lose.sum())} of {cases} cases lose to some one-source tree{losses}; the chain-value leader "
+              f"leads the best one-source tree in {a['right'].mean():.1%}; gain over the best one-source tree: "
+              f"median {np.median(a['gain']):+.2%}, 90th pct {np.percentile(a['gain'], 90):+.1%}, max "
+              f"{a['gain'].max():+.1%}; side chains drafted in {a['sides'].mean():.0%}; another leader's ascent "
+              f"does better in {(a['led'] < -TOL).mean():.0%} (worst {a['led'].min():+.1%})"),
+        Check("nsource.list_order[random]", "note", None,
+              f"vs list order with side chains: better in {(a['listed'] > TOL).mean():.0%}, worse in "
+              f"{(a['listed'] < -TOL).mean():.0%} (worst {a['listed'].min():+.1%}, best {a['listed'].max():+.0%}); "
+              f"vs the first source's chain alone: median {np.median(a['alone']):+.1%}, best {a['alone'].max():+.0%}"),
+    ]
+
+
+def check_nsource_optimum(rng: np.random.Generator, planner: so.Planner = so.rate_plan,
+                          cases: int = 40) -> list[Check]:
+    """Exhaustive search over every leader and side-chain lengths on small cases (exact)."""
+    contain, total, layout, leader = math.inf, [], [], []
+    for _ in range(cases):
+        src = so.random_sources(rng, (2, 3), 5)
+        B = int(rng.integers(3, 25))
+        opt = so.best_plan(src, B).value
+        plan = planner(src, B)
+        led = so.best_plan(src, B, [plan.leader]).value  # the best tree under the planner's leader
+        rivals = [plan.value, led, so.list_order_plan(src, B).value]
+        rivals += [so.one_source_plan(src, s, B).value for s in range(src.n)]
+        contain = min(contain, opt - max(rivals))
+        total.append(plan.value / opt)
+        layout.append(plan.value / led)
+        leader.append(led / opt)
+
+    def spread(r: list[float]) -> str:
+        v = np.asarray(r)
+        return f"{v.min():.1%}..100%, below 100% in {(v < 1 - TOL).mean():.0%}"
+
+    return [
+        Check.of("nsource.optimum_ge_every_plan", contain,
+                 f"exhaustive optimum (every leader, spine and side-chain length) >= rate, list-order and every "
+                 f"one-source tree, {cases} cases of <= 3 sources x <= 5 tokens, M 3..24"),
+        Check("nsource.rate_vs_optimum", "note", None,
+              f"measured-rate tree / optimum: {spread(total)} (median {np.median(total):.1%}); of which the layout "
+              f"(ascent vs the best tree under the same leader): {spread(layout)}; the leader (best tree under the "
+              f"chain-value leader vs the optimum): {spread(leader)}"),
+    ]
+
+
+def check_nsource_example(planner: so.Planner = so.rate_plan) -> list[Check]:
+    """The list-order failure, exact: a weak source listed first."""
+    src, B = NS_EXAMPLE, NS_EXAMPLE_BUDGET
+    plan = planner(src, B)
+    listed = so.list_order_plan(src, B)
+    alone = so.one_source_plan(src, 0, B)
+    gain = min(plan.value / listed.value, plan.value / alone.value) - 1
+    return [Check.of(
+        "nsource.list_order_loses[example]", gain - 1e-6,
+        f"sources p=0.3 x 8 tokens (listed first), p=0.8 x 16; q=0.03; M={B}: measured rates {plan.value:.3f} "
+        f"(spine {plan.spine}, sides {plan.sides}); list order with side chains {listed.value:.3f} "
+        f"({plan.value / listed.value - 1:+.1%}); first chain alone {alone.value:.3f} "
+        f"({plan.value / alone.value - 1:+.0%}); iso-k {so.isotropic_value(src.branch, B)[0]:.3f}",
+    )]
+
+
+def check_nsource_estimates(rng: np.random.Generator, planner: so.Planner = so.rate_plan,
+                            estimator: so.Estimator = so.observed_rates, cases: int = 40) -> list[Check]:
+    """Sampled: the leader (and the whole plan) chosen from rates measured on a finite number of
+    steps, valued under the true rates against the true-rate choice."""
+    choice = np.zeros((cases, len(NS_OBS)))  # regret of the leader choice (layout by the true rates)
+    whole = np.zeros((cases, len(NS_OBS)))  # regret of the plan made entirely from the measured rates
+    agree = np.zeros((cases, len(NS_OBS)))
+    for c in range(cases):
+        src = so.random_sources(rng)
+        B = int(rng.integers(8, 65))
+        truth = planner(src, B)
+        led = {truth.leader: so.ascend(src, truth.leader, B).value}
+        for i, n in enumerate(NS_OBS):
+            est = planner(estimator(src, n, rng), B)
+            if est.leader not in led:
+                led[est.leader] = so.ascend(src, est.leader, B).value
+            choice[c, i] = 1.0 - led[est.leader] / led[truth.leader]
+            whole[c, i] = 1.0 - so.evaluate(src, est) / truth.value
+            agree[c, i] = est.leader == truth.leader
+    mean = whole.mean(axis=0)
+    margin = min(NS_REGRET - mean[-1], *(mean[i] + NS_NOISE - mean[i + 1] for i in range(len(NS_OBS) - 1)))
+    table = ", ".join(f"{n}: {100 * m:.2f}% [{a:.0%}; {100 * c:+.2f}%]"
+                      for n, m, a, c in zip(NS_OBS, mean, agree.mean(axis=0), choice.mean(axis=0)))
+    return [Check.of(
+        "nsource.estimated_rates_regret", margin,
+        f"mean relative regret of the plan made from rates measured on n steps (prior 0.25, weight 4), valued "
+        f"under the true rates, {cases} cases; n: regret [same leader as the true rates; regret of the leader "
+        f"choice alone]: {table}; claim: falls (rises <= {100 * NS_NOISE:g} pt) to <= {100 * NS_REGRET:g}% "
+        f"at n = {NS_OBS[-1]}",
+    )]
+
+
+# ---------------------------------------------------------------------------------------------
 def run_all(records: Sequence[Record] | None = None, seed: int = 0, tau_tol: float = 0.10) -> Report:
     rng = np.random.default_rng(seed)
     report = Report()
@@ -604,4 +813,5 @@ def run_all(records: Sequence[Record] | None = None, seed: int = 0, tau_tol: flo
     report.checks += check_prop3(report, seed)
     report.checks += check_prop4(rng, records)
     report.checks += check_calibration(rng, records, report, tau_tol)
+    report.checks += check_nsource(rng)
     return report

@@ -287,6 +287,12 @@ def _emit_forest(table: ForestTable, parent: int, m: int, depth_left: int | None
         r += 1
 
 
+def forest_values(q: Sequence[float], max_nodes: int) -> np.ndarray:
+    """``[max_nodes + 1]``: ``F(m)``, the best expected accepted nodes of a one-source forest of at most
+    ``m`` nodes (rank rates ``q`` at every depth, depth unbounded) under an accepted node."""
+    return _forest_table(q, max_nodes, None).F[:, 0].copy()
+
+
 def optimal_single_source(
     q: Sequence[float], budget: int, max_depth: int | None = None, origin: str = BRANCH
 ) -> tuple[float, DraftTree]:
