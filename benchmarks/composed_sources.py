@@ -76,6 +76,12 @@ def main() -> int:
         (["recall", "pld", "tr"], "spine", None),
         (["pld", "recall", "tr"], "spine-fit", None),
         (["recall", "pld", "tr"], "spine-fit", None),
+        (["pld", "recall", "tr"], "spine-fit{shadow=false}", None),
+        (["suffix"], "chain", None),  # the built-in cross-request source (plugins/suffix.py)
+        (["pld", "suffix", "tr"], "spine", None),
+        (["suffix", "pld", "tr"], "spine", None),
+        (["pld", "suffix", "tr"], "spine-fit", None),
+        (["suffix", "pld", "tr"], "spine-fit", None),
     ]
     from goose import machine
 
@@ -90,8 +96,11 @@ def main() -> int:
                                  attention_mask=torch.ones_like(ids))[0, ids.shape[1]:].tolist()
         for names, policy, spine in configs:
             srcs = [Recall() if n == "recall" else n for n in names]
-            opts = {"spine_source": spine} if spine else None
-            dec = goose.compose(model, tok, sources=srcs, policy=policy, policy_options=opts)
+            opts = {"spine_source": spine} if spine else {}
+            name = policy
+            if policy.endswith("{shadow=false}"):  # the fit before its shadow trials, for comparison
+                name, opts = policy.split("{")[0], {**opts, "shadow": False}
+            dec = goose.compose(model, tok, sources=srcs, policy=name, policy_options=opts or None)
             a = dec.generate(ids[0], max_new_tokens=args.max_new_tokens, do_sample=False)
             b = dec.generate(ids[0], max_new_tokens=args.max_new_tokens, do_sample=False)
             st = b.stats
