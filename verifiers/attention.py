@@ -15,12 +15,19 @@ transformers' ``AttentionInterface`` mapping, an ``sdpa`` function that, inside 
 the CPU with a mask and shared heads, calls torch's kernel with ``enable_gqa=True``, and
 otherwise calls the function it replaced, unchanged, with the same arguments. Other threads, other
 devices and every call outside a tree pass therefore run exactly as before.
+
+The second part of this module says which tree mask each attention layer of a model with
+sliding-window layers gets (:func:`window_plan`, :func:`sliding_tree_mask`): Gemma-3 and the like
+are verified exactly at any length, each sliding layer's tree nodes seeing only the keys within
+the window of their own positions.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -77,3 +84,119 @@ def tree_pass():
         yield
     finally:
         _local.depth -= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Sliding-window layers: which tree mask each layer gets
+#
+# transformers' sliding window (masking_utils.sliding_window_overlay): the query at position q
+# sees the keys at positions kv with q - window < kv <= q, the last ``window`` positions, itself
+# included. A tree node at depth d sits at position past + d; its keys are the cached prefix and
+# its ancestors (positions past + depth). Its sliding-layer mask keeps, of those, the ones within
+# the window of its own position. The sliding cache layer holds only the last ``window - 1``
+# committed positions (``Cache.get_mask_sizes`` says how many, and from which position), so the
+# sliding mask is narrower than the full-attention one: ``[1, 1, n, held + n]``.
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How a tree pass masks a model's attention layers.
+
+    ``mode``: "full" (no sliding-window layer: one tree mask for every layer); "dict" (the model
+    takes ``attention_mask`` as a dict keyed by layer type, as Gemma-2/3, Qwen2 and Cohere-2 do:
+    a full tree mask for ``full_attention`` layers and a windowed one for ``sliding_attention``
+    layers); "single" (every layer is a sliding layer with one window and the model builds its
+    masks with transformers' ``create_sliding_window_causal_mask``, as Mistral, Mixtral, Phi-3 and
+    Starcoder2 do: one windowed tree mask for all); "refuse" (the window cannot be masked exactly
+    in a tree pass: ``why`` says what is missing; the verifier then serves it only while prompt +
+    new tokens + tree fit in the window, where the plain tree mask is exact).
+    """
+
+    mode: str
+    window: int | None = None
+    types: tuple[str, ...] = ()  # layer types keyed in the dict ("dict")
+    sliding_layer: int = 0  # a sliding cache layer: it sizes the windowed mask
+    why: str = ""
+
+
+def _decoder_source(model) -> str:
+    """The source of the module that builds the attention masks (the decoder's forward)."""
+    base = None
+    try:
+        base = model.get_decoder()
+    except (AttributeError, NotImplementedError, TypeError):
+        pass
+    if base is None:
+        base = getattr(model, "model", None)
+    if base is None:
+        base = model
+    try:
+        return inspect.getsource(type(base).forward)
+    except (OSError, TypeError):
+        return ""
+
+
+def window_plan(model, text_cfg) -> WindowPlan:
+    """The :class:`WindowPlan` of ``model`` (its config's layer types, its cache's layers, and
+    whether its forward takes one mask per layer type)."""
+    layer_types = tuple(str(t) for t in (getattr(text_cfg, "layer_types", None) or ()))
+    sliding = getattr(text_cfg, "sliding_window", None)
+    if layer_types:
+        uses_window = any("sliding" in t for t in layer_types)
+    else:
+        uses_window = sliding is not None and bool(getattr(text_cfg, "use_sliding_window", True))
+    if not uses_window or not sliding:
+        return WindowPlan("full")
+    window = int(sliding)
+
+    def refuse(why: str) -> WindowPlan:
+        return WindowPlan("refuse", window, why=why)
+
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        probe = DynamicCache(config=model.config)
+    except (ImportError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        return refuse(f"this transformers builds no per-layer cache from the config ({exc})")
+    layers = list(getattr(probe, "layers", ()))
+    if not layers or not hasattr(probe, "activate_past_recording") or not hasattr(probe, "get_mask_sizes"):
+        return refuse("this transformers' DynamicCache has no per-layer sliding cache that can roll back")
+    is_sliding = [type(layer) is DynamicSlidingWindowLayer for layer in layers]
+    odd = sorted({type(layer).__name__ for layer in layers} - {DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__})
+    if odd:
+        return refuse(f"its cache has layers of type {', '.join(odd)}, whose roll-back Goose does not know")
+    windows = {int(layer.sliding_window) for layer, s in zip(layers, is_sliding) if s}
+    if windows != {window}:
+        return refuse(f"its cache's sliding layers have windows {sorted(windows)}, not the config's {window}")
+    first = is_sliding.index(True)
+    source = _decoder_source(model)
+    if layer_types and "attention_mask, dict" in source:
+        if not set(layer_types) <= {FULL, SLIDING}:
+            return refuse(f"its layer types {sorted(set(layer_types))} include others than {FULL!r} and {SLIDING!r}")
+        if len(layer_types) != len(layers) or any((t == SLIDING) != s for t, s in zip(layer_types, is_sliding)):
+            return refuse("its cache's sliding layers are not the config's sliding_attention layers")
+        return WindowPlan("dict", window, tuple(sorted(set(layer_types))), first)
+    if all(is_sliding) and "create_sliding_window_causal_mask" in source:
+        return WindowPlan("single", window, (), first)
+    if all(is_sliding):
+        return refuse("its forward does not build its masks with transformers' create_sliding_window_causal_mask, "
+                      "so the window rule a tree mask must reproduce is not known")
+    return refuse("it mixes sliding and full-attention layers but takes a single attention mask for all of them")
+
+
+def sliding_tree_mask(tree, past: int, window: int, held: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``[1, 1, n, held + n]`` additive mask of a tree pass on a sliding layer that holds the ``held``
+    committed positions before ``past`` (``past - held`` .. ``past - 1``): node i, at position
+    ``past + depth_i``, sees a cached position or an ancestor (itself included) at position k iff
+    ``k > past + depth_i - window``, transformers' sliding-window rule."""
+    d = torch.tensor(tree.depths, dtype=torch.long)
+    q = past + d
+    cached = torch.arange(past - held, past, dtype=torch.long)
+    see_cached = cached.view(1, -1) > (q - window).view(-1, 1)
+    see_tree = torch.from_numpy(tree.ancestor_mask) & ((d.view(-1, 1) - d.view(1, -1)) < window)
+    see = torch.cat([see_cached, see_tree], dim=1).to(device)
+    mask = torch.zeros((1, 1, *see.shape), dtype=dtype, device=device)
+    return mask.masked_fill_(~see, torch.finfo(dtype).min)

@@ -112,3 +112,37 @@ def with_headroom(cache):
         if type(layer) is DynamicLayer and not layer.is_initialized:
             layers[i] = HeadroomLayer()
     return cache
+
+
+# ---------------------------------------------------------------------------------------------
+# Sliding-window layers (transformers' DynamicSlidingWindowLayer, e.g. Gemma-3's local layers)
+#
+# Such a layer holds the last ``window - 1`` positions. By default its ``update`` drops the
+# oldest rows as soon as a forward appends new ones, so after a tree pass of n nodes the rows a
+# rejected tree pushed out would be lost; and its ``crop`` refuses to roll back once the window is
+# full. ``Cache.activate_past_recording()`` (public; transformers' own assisted decoding calls it)
+# makes ``update`` keep every row until the next ``crop``, and ``crop(-k)`` then drops the k
+# trailing rows and keeps the last ``window - 1`` of the rest: after the commit (gather the accepted
+# rows behind the committed ones, crop the others) the layer holds exactly the rows, and counts
+# exactly the positions, that one-token-at-a-time decoding would have left in it. The only things
+# Goose reads beyond the public ``crop`` / ``get_mask_sizes`` / ``activate_past_recording`` are each
+# layer's ``keys`` / ``values`` tensors (as for every layer) and their length, in
+# :func:`pass_rows_start`; tests/test_sliding_window.py checks the layer's behaviour this relies on,
+# so a transformers change to it fails there first.
+
+
+def has_sliding_layers(cache) -> bool:
+    return any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ()) or ())
+
+
+def keep_rows_for_rollback(cache) -> None:
+    """Sliding layers keep a forward's rows until the commit's ``crop`` (no-op for other layers)."""
+    if has_sliding_layers(cache):
+        cache.activate_past_recording()
+
+
+def pass_rows_start(layer, num_rows: int) -> int:
+    """Where the rows of the last forward (``num_rows`` of them) begin in ``layer.keys``: after the
+    ``past`` committed positions in a full layer, after the (at most ``window - 1``) held ones in a
+    sliding layer that keeps rows for roll-back."""
+    return int(layer.keys.shape[-2]) - num_rows

@@ -5,6 +5,12 @@ One forward per tree: the flattened nodes go in as one sequence, with position i
 ancestors and itself. The walk follows the target's argmax from the root; the accepted nodes'
 key/value rows are gathered into contiguous slots and the rest is cropped, through the cache's
 public ``layers[i].keys/values`` tensors and ``crop``.
+
+Models with sliding-window layers (Gemma-3, Qwen2 with ``use_sliding_window``, Mistral) are
+verified exactly at any length: each sliding layer gets a tree mask in which a node sees only the
+keys within the window of its own position (``verifiers/attention.py``: ``window_plan``,
+``sliding_tree_mask``), and its cache keeps a pass's rows until the commit's crop, which then
+leaves exactly what one-token-at-a-time decoding would have held (``verifiers/cache.py``).
 """
 
 from __future__ import annotations
@@ -93,13 +99,10 @@ class GreedyTreeVerifier(Verifier):
         text_cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
         self.vocab_size = int(getattr(text_cfg, "vocab_size"))
         self.max_positions = getattr(text_cfg, "max_position_embeddings", None)
-        layer_types = getattr(text_cfg, "layer_types", None) or ()
-        sliding = getattr(text_cfg, "sliding_window", None)
-        if layer_types:
-            uses_window = any("sliding" in str(t) for t in layer_types)
-        else:
-            uses_window = sliding is not None and bool(getattr(text_cfg, "use_sliding_window", True))
-        self.sliding_window = int(sliding) if (uses_window and sliding) else None
+        # which tree mask each attention layer gets (one for all, or one per layer type)
+        self.window_plan = attention.window_plan(model, text_cfg)
+        self.sliding_window = self.window_plan.window
+        self._sliding = False  # the request's cache has sliding layers (set at the prefill)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._linears = skinny.linears(model) if self.options.linear != "stock" else []
@@ -133,13 +136,16 @@ class GreedyTreeVerifier(Verifier):
         self._gqa = impl == "sdpa" and self.device.type == "cpu" and self.options.gqa and attention.install()
 
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
+        plan = self.window_plan
         total = prompt_len + max_new_tokens + max_depth
-        if self.sliding_window is not None and total > self.sliding_window:
+        if plan.mode == "refuse" and total > plan.window:
             raise UnsupportedModelError(
-                f"this model uses sliding-window attention (window {self.sliding_window}); a tree mask "
-                f"would replace the window, and prompt + max_new_tokens + draft depth = {total} exceeds "
-                f"it. Allowed: at most {self.sliding_window} positions in all. Hint: shorten the prompt "
-                "or max_new_tokens, or use a model without sliding-window layers."
+                f"this model uses sliding-window attention (window {plan.window}), and Goose cannot mask "
+                f"that window exactly in a tree pass: {plan.why}. Without it a tree mask would replace the "
+                f"window, and prompt + max_new_tokens + draft depth = {total} exceeds it. Allowed: at most "
+                f"{plan.window} positions in all. Hint: shorten the prompt or max_new_tokens, or use a model "
+                "whose forward takes one attention mask per layer type (Gemma-2/3, Qwen2) or whose layers "
+                "are all sliding with one window (Mistral)."
             )
 
     # -------------------------------------------------------------------------------------------
@@ -150,6 +156,8 @@ class GreedyTreeVerifier(Verifier):
             cache = DynamicCache(config=self.model.config)
         except TypeError:  # older signature
             cache = DynamicCache()
+        # sliding layers keep a tree pass's rows until the commit's crop (verifiers/cache.py)
+        kv_cache.keep_rows_for_rollback(cache)
         return kv_cache.with_headroom(cache) if self.options.headroom else cache
 
     def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, form: str | None = None):
@@ -241,6 +249,9 @@ class GreedyTreeVerifier(Verifier):
         self.timers["prefill_forward"] += time.perf_counter() - t0
         self.timers["prefill_logit_rows"] = int(logits.shape[0])
         self.past_len = n
+        self._sliding = kv_cache.has_sliding_layers(self.cache)
+        if self._sliding:
+            self.cache.crop(0)  # sliding layers: back to the last window - 1 positions
         self.before_root = int(ids[0, -1])
         prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])[n - k :]
         argmax = top1(logits)
@@ -260,7 +271,7 @@ class GreedyTreeVerifier(Verifier):
         if tree.num_nodes == 1:
             mask, pos = None, torch.tensor([[past]], device=self.device)
         else:
-            mask = tree.attention_mask(past, dtype=self.dtype, device=self.device)
+            mask = self.tree_mask(tree, past)
             pos = tree.position_ids(past, device=self.device)
         t1 = time.perf_counter()
         form = self._form_for(tree.num_nodes) if tree.num_nodes > 1 else None
@@ -293,23 +304,50 @@ class GreedyTreeVerifier(Verifier):
             walk="greedy" if rule is None else rule.kind,
         )
 
+    def tree_mask(self, tree: DraftTree, past: int):
+        """The attention mask of a tree pass over ``past`` committed positions: one 4-D additive mask
+        for every layer or, once a sliding window can cut into the tree's view, a windowed mask for
+        the sliding layers (in a dict keyed by layer type, or alone where every layer is sliding)."""
+        plan = self.window_plan
+        if plan.mode in ("full", "refuse") or past + max(tree.depths) < plan.window:
+            # every node sees every position from 0: the window cuts nothing, and a sliding layer
+            # still holds all ``past`` positions, so the plain tree mask is exact for every layer
+            return tree.attention_mask(past, dtype=self.dtype, device=self.device)
+        n = tree.num_nodes
+        kv_len, kv_off = self.cache.get_mask_sizes(n, plan.sliding_layer)
+        held = int(kv_len) - n
+        if int(kv_off) + held != past:
+            raise RuntimeError(
+                f"the sliding cache layer holds positions {int(kv_off)}..{int(kv_off) + held - 1}, not the last "
+                f"ones before {past}: this transformers' DynamicSlidingWindowLayer no longer behaves as Goose's "
+                "commit expects (tests/test_sliding_window.py)"
+            )
+        windowed = attention.sliding_tree_mask(tree, past, plan.window, held, self.dtype, self.device)
+        if plan.mode == "single":
+            return windowed
+        full = tree.attention_mask(past, dtype=self.dtype, device=self.device) if attention.FULL in plan.types else None
+        return {t: (windowed if t == attention.SLIDING else full) for t in plan.types}
+
     def commit(self, past: int, path: tuple[int, ...], num_nodes: int) -> None:
-        """Keep the cache rows of the accepted nodes (root first) in contiguous slots, drop the rest."""
-        keep = past + len(path)
-        if path[-1] != len(path) - 1:  # not a prefix of the layout: gather first
-            rows = [past + i for i in path[1:]]
-            src: dict = {}  # one index tensor per device the layers' caches live on
+        """Keep the cache rows of the accepted nodes (root first) in contiguous slots, drop the rest.
+
+        In each layer the pass's rows begin after the positions the layer held before it: ``past``
+        in a full layer, at most ``window - 1`` in a sliding one (verifiers/cache.py)."""
+        k = len(path)
+        if path[-1] != k - 1:  # not a prefix of the layout: gather first
+            src: dict = {}  # one index tensor per (device, first row of the pass)
             for layer in _layers(self.cache):
-                dev = layer.keys.device
-                idx = src.get(dev)
+                dev, start = layer.keys.device, kv_cache.pass_rows_start(layer, num_nodes)
+                idx = src.get((dev, start))
                 if idx is None:
-                    idx = src[dev] = torch.tensor(rows, device=dev)
-                layer.keys[:, :, past + 1 : keep] = layer.keys.index_select(2, idx)
-                layer.values[:, :, past + 1 : keep] = layer.values.index_select(2, idx)
-        remove = past + num_nodes - keep
-        if remove > 0:
+                    idx = src[dev, start] = torch.tensor([start + i for i in path[1:]], device=dev)
+                layer.keys[:, :, start + 1 : start + k] = layer.keys.index_select(2, idx)
+                layer.values[:, :, start + 1 : start + k] = layer.values.index_select(2, idx)
+        remove = num_nodes - k
+        if remove > 0 or self._sliding:
             # A negative argument removes that many trailing entries (the form both the old and the
-            # current transformers cache APIs accept).
+            # current transformers cache APIs accept); sliding layers then keep their last
+            # window - 1 positions (all that crop(0) does).
             self.cache.crop(-remove)
 
     def end(self) -> None:
