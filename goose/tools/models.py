@@ -84,7 +84,7 @@ MODELS: dict[str, ModelSpec] = {
         gguf_file="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         description="Gemma-3-270M base (gemma3_text, 268M, vocab 262,144, sliding window 512; Gemma Terms)",
-        note="238 MB download; sliding-window attention: served exactly while a generation fits in the window",
+        note="238 MB download; sliding-window attention (512): tree masks per layer type, exact at any length",
     ),
 }
 DEFAULT_MODEL = "smollm2"
