@@ -6,7 +6,6 @@ far from ties. The trees mix tokens of the true greedy continuation (so deep pat
 and committed) with random tokens.
 """
 
-import random
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import goose
-from goose.testing.kit import random_tree_nodes
+from goose.testing.kit import ReferenceTreeSource
 
 V = 97
 
@@ -60,29 +59,8 @@ def hf_greedy(model, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
-class RefTreeSource(goose.DraftSource):
-    """Arbitrary trees; a node carries the true greedy token with probability p (else random)."""
-
-    name = "ref-trees"
-
-    def __init__(self, ref_full, seed, p):
-        super().__init__()
-        self.ref, self.seed, self.p = ref_full, seed, p
-
-    def begin(self, request):
-        self.rng = random.Random(self.seed)
-
-    def propose(self, state):
-        seq = list(state.tokens)
-
-        def oracle(path):
-            full = seq + path
-            if full == self.ref[: len(full)] and len(full) < len(self.ref):
-                return self.ref[len(full)]
-            return self.rng.randrange(V)
-
-        toks, pars = random_tree_nodes(self.rng, state.budget - 1, V, oracle, self.p, 0.4)
-        return goose.Proposal(self.name, tuple(toks), tuple(pars)) if toks else None
+def RefTreeSource(ref_full, seed, p):
+    return ReferenceTreeSource(ref_full, seed, p, V, p_chain=0.4)
 
 
 @pytest.mark.parametrize("arch,attn", [("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa"), ("gemma3", "sdpa")])

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import goose
 from goose.testing import ToyCausalLM, reference_greedy
-from goose.testing.kit import random_tree_nodes
+from goose.testing.kit import ReferenceTreeSource
 from goose.tree import DraftTree
 from goose.verifiers import attention
 from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
@@ -85,29 +85,8 @@ def repetitive_prompt(seed: int, length: int) -> list[int]:
     return out[:length]
 
 
-class RefTreeSource(goose.DraftSource):
-    """Arbitrary trees; a node carries the true continuation's token with probability p (else random)."""
-
-    name = "ref-trees"
-
-    def __init__(self, ref_full, seed, p):
-        super().__init__()
-        self.ref, self.seed, self.p = ref_full, seed, p
-
-    def begin(self, request):
-        self.rng = random.Random(self.seed)
-
-    def propose(self, state):
-        seq = list(state.tokens)
-
-        def oracle(path):
-            full = seq + path
-            if full == self.ref[: len(full)] and len(full) < len(self.ref):
-                return self.ref[len(full)]
-            return self.rng.randrange(V)
-
-        toks, pars = random_tree_nodes(self.rng, state.budget - 1, V, oracle, self.p, 0.6)
-        return goose.Proposal(self.name, tuple(toks), tuple(pars)) if toks else None
+def RefTreeSource(ref_full, seed, p):
+    return ReferenceTreeSource(ref_full, seed, p, V, p_chain=0.6)
 
 
 class TrueChainSource(goose.DraftSource):

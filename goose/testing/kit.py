@@ -52,6 +52,33 @@ def random_tree_nodes(
     return tokens, parents
 
 
+class ReferenceTreeSource(DraftSource):
+    """Random trees (:func:`random_tree_nodes`) in which a node carries the next token of a known
+    reference sequence (``ref_full``: prompt + expected continuation) with probability ``p``, else
+    a random id below ``vocab_size``: for checking a model's tree passes against its own decoding."""
+
+    name = "ref-trees"
+
+    def __init__(self, ref_full: Sequence[int], seed: int, p: float, vocab_size: int, p_chain: float = 0.4):
+        super().__init__()
+        self.ref, self.seed, self.p, self.vocab_size, self.p_chain = list(ref_full), seed, p, vocab_size, p_chain
+
+    def begin(self, request) -> None:
+        self.rng = random.Random(self.seed)
+
+    def propose(self, state: DraftState) -> Proposal | None:
+        seq = list(state.tokens)
+
+        def oracle(path):
+            full = seq + path
+            if full == self.ref[: len(full)] and len(full) < len(self.ref):
+                return self.ref[len(full)]
+            return self.rng.randrange(self.vocab_size)
+
+        toks, pars = random_tree_nodes(self.rng, state.budget - 1, self.vocab_size, oracle, self.p, self.p_chain)
+        return Proposal(self.name, tuple(toks), tuple(pars)) if toks else None
+
+
 class ArbitraryTreeOptions(Options):
     seed: int = 0
     p_oracle: float = 0.5
