@@ -119,6 +119,11 @@ class SourceRates:
         target = [toks[i] for i in path[1:]]
         if bonus is not None:
             target.append(bonus)
+        self.book(chains, target)
+
+    def book(self, chains: dict, target: Sequence[int]) -> None:
+        """Book ``chains`` (``{source: (confident?, tokens)}``) against the target's tokens after the
+        anchor (``target[d]`` is the target's token at depth d + 1), each until its first miss."""
         for source, (confident, chain) in chains.items():
             key = (source, confident)
             h, t = self.hits[key], self.trials[key]

@@ -1,0 +1,185 @@
+"""vLLM with and without speculation, Goose's proposer among them, at several concurrencies.
+
+For each engine configuration (no speculation, vLLM's ``ngram``, vLLM's ``suffix`` when this
+build has it, ``goose.vllm.Proposer``) one engine is started, and the same prompts are decoded
+greedily at each concurrency c (the prompts submitted in waves of c requests, each wave decoded
+together until its last request finishes). Printed per dataset, configuration and concurrency: output
+tokens per second (wall time of the whole ``generate``), the speedup over no speculation at the
+same concurrency, the mean accepted tokens per verification step (vLLM's spec-decode metrics) and
+whether every output equals the no-speculation output. Goose's own loop (one request at a time)
+runs on the same prompts for reference. Each engine runs in a process of its own, one after
+the other (a third engine started in one process fails in vLLM 0.32's CPU kernel registration);
+the engine core runs in that process.
+
+    python benchmarks/vllm_serving.py --data-dir ../shared/data --datasets humaneval@41-48,gsm8k@41-48 \
+        --concurrency 1,4,16 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def engine_configs(k: int, have_suffix: bool) -> list[tuple[str, dict | None]]:
+    out = [("none", None),
+           ("ngram", {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2})]
+    if have_suffix:
+        out.append(("suffix", {"method": "suffix", "num_speculative_tokens": k}))
+    out.append(("goose", {"method": "custom_class", "model": "goose.vllm.Proposer", "num_speculative_tokens": k}))
+    return out
+
+
+def spec_metrics(llm) -> dict:
+    try:
+        ms = llm.get_metrics()
+    except Exception:  # noqa: BLE001 - a build without metrics: report none
+        return {}
+    out = {}
+    for m in ms:
+        if m.name.startswith("vllm:spec_decode"):
+            out[m.name] = getattr(m, "value", None) if not hasattr(m, "values") else sum(m.values)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--data-dir", default=os.environ.get("GOOSE_DATA"))
+    ap.add_argument("--datasets", default="demo")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens of every speculative engine")
+    ap.add_argument("--configs", default="", help="comma-separated subset of none,ngram,suffix,goose")
+    ap.add_argument("--goose-loop", default="pld+tr/spine-fit", help="Goose's own loop for reference ('' to skip)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile; faster engine start)")
+    ap.add_argument("--out", default="vllm-serving.json")
+    ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one configuration, write --out
+    args = ap.parse_args()
+
+    import vllm
+
+    from goose import machine
+    from goose.tools import models
+    from goose.tools.bench import select_prompts
+
+    path = str(models.resolve(args.model))
+    sets = {}
+    for spec in args.datasets.split(","):
+        sets[spec] = [[{"role": "user", "content": p.text}] for p in select_prompts(spec, args.data_dir)]
+    conc = [int(c) for c in args.concurrency.split(",")]
+    have_suffix = True
+    try:
+        import arctic_inference  # noqa: F401  vLLM's suffix method needs it
+    except ImportError:
+        have_suffix = False
+    configs = engine_configs(args.k, have_suffix)
+    if args.configs:
+        keep = set(args.configs.split(","))
+        configs = [c for c in configs if c[0] in keep]
+    print(f"vLLM {vllm.__version__}, model {args.model} float32, k={args.k}, {args.max_tokens} tokens; "
+          f"CPU: {machine.describe()}; vLLM suffix method: {'yes' if have_suffix else 'no (arctic-inference not installed)'}",
+          flush=True)
+    if not args.one:  # each engine in a process of its own (a third engine in one process fails to start)
+        rows, tokens = [], {}
+        for name, _ in configs:
+            part = f"{args.out}.{name}.json"
+            argv = [a for a in sys.argv[1:]]
+            subprocess.run([sys.executable, __file__, *argv, "--one", name, "--out", part, "--goose-loop", ""], check=True)
+            with open(part) as f:
+                got = json.load(f)
+            for row in got["rows"]:
+                key = (row["dataset"], row["concurrency"])
+                toks = got["tokens"][f"{row['dataset']}|{row['concurrency']}"]
+                if name == "none":
+                    tokens[key] = (toks, row["tok_s"])
+                elif key in tokens:
+                    row["identical"] = toks == tokens[key][0]
+                    row["speedup"] = round(row["tok_s"] / tokens[key][1], 3)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        rows += goose_loop(args, sets) if args.goose_loop else []
+        with open(args.out, "w") as f:
+            json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "rows": rows}, f, indent=1)
+        return 0
+    configs = [c for c in configs if c[0] == args.one]
+    rows, outputs = [], {}
+    for name, spec in configs:
+        t0 = time.perf_counter()
+        kw = {"speculative_config": spec} if spec else {}
+        llm = vllm.LLM(model=path, dtype="float32", max_model_len=4096, seed=0, max_num_seqs=max(conc),
+                       enforce_eager=args.eager, disable_log_stats=False, **kw)
+        start = time.perf_counter() - t0
+        sp = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+        llm.chat(sets[next(iter(sets))][:1], sp, use_tqdm=False)  # warm-up
+        for c in conc:
+            # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved,
+            # in waves of c requests (so a wave mixes datasets, as a server's batch would)
+            groups = dict(sets) if c == 1 else {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
+            for ds, chats in groups.items():
+                before = spec_metrics(llm)
+                t = time.perf_counter()
+                outs = []
+                for j in range(0, len(chats), c):
+                    outs += llm.chat(chats[j : j + c], sp, use_tqdm=False)
+                dt = time.perf_counter() - t
+                after = spec_metrics(llm)
+                toks = [list(o.outputs[0].token_ids) for o in outs]
+                n = sum(len(x) for x in toks)
+                d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                drafts = d.get("vllm:spec_decode_num_drafts") or 0
+                acc = d.get("vllm:spec_decode_num_accepted_tokens") or 0
+                drafted = d.get("vllm:spec_decode_num_draft_tokens") or 0
+                same, base = None, None  # set by the parent, against the no-speculation engine
+                row = dict(dataset=ds, config=name, concurrency=c, prompts=len(chats), tokens=n, seconds=round(dt, 3),
+                           tok_s=round(n / dt, 2), speedup=round(n / dt / base, 3) if base else None,
+                           accepted_per_draft=round(acc / drafts, 3) if drafts else None,
+                           acceptance=round(acc / drafted, 3) if drafted else None, identical=same,
+                           engine_start_s=round(start, 1))
+                rows.append(row)
+                outputs[f"{ds}|{c}"] = toks
+        del llm
+        gc.collect()
+    with open(args.out, "w") as f:
+        json.dump({"rows": rows, "tokens": outputs}, f)
+    return 0
+
+
+def goose_loop(args, sets) -> list[dict]:
+    """Goose's own loop, one request at a time, on the same chats: greedy and ``--goose-loop``."""
+    import torch
+
+    import goose
+    from goose.tools import models
+    from goose.tools.bench import preset
+
+    torch.set_num_threads(args.threads)
+    model, tok = models.load(args.model, "float32")
+    rows = []
+    for ds, chats in sets.items():
+        for meth in ("greedy", args.goose_loop):
+            n, dt = 0, 0.0
+            for chat in chats:
+                ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+                dec = goose.greedy(model, tok) if meth == "greedy" else goose.compose(model, tok, **preset(meth))
+                t = time.perf_counter()
+                o = dec.generate(ids[0], max_new_tokens=args.max_tokens, do_sample=False)
+                dt += time.perf_counter() - t
+                n += len(o.token_ids)
+            row = dict(dataset=ds, config=f"goose loop {meth}", concurrency=1, tokens=n, seconds=round(dt, 3),
+                       tok_s=round(n / dt, 2))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""goose.vllm.Proposer without vLLM: the engine's side of the ``custom_class`` interface simulated.
+
+A fake engine keeps vLLM's batch layout (a token-id matrix, one row per running request, the
+count of non-speculative tokens per row, rows condensed when a request leaves), verifies each
+drafted chain against the request's fixed target text (longest right prefix plus one token), and
+calls ``propose`` once per step as vLLM's runner does after sampling. These tests pin the
+per-request bookkeeping (requests joining, finishing in the same step, preempted and resumed,
+rows moving) and the proposer's choices; tests/test_vllm.py runs it inside vLLM.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import goose
+from goose.errors import InvalidInputError, UnknownComponentError
+from goose.vllm import Proposer, StepCost
+
+V = 50
+
+
+def config(k=8, max_len=400):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_len, get_vocab_size=lambda: V),
+    )
+
+
+def text(seed: int, n: int) -> list[int]:
+    """A target text with repeats (so context matches draft), different per seed."""
+    r = random.Random(seed)
+    phrases = [[r.randrange(V) for _ in range(r.randint(3, 9))] for _ in range(4)]
+    out: list[int] = []
+    while len(out) < n:
+        out += r.choice(phrases) if r.random() < 0.7 else [r.randrange(V)]
+    return out[:n]
+
+
+class Engine:
+    """vLLM's side: rows, verification, condensing; ``log`` keeps (tokens, draft) per row per call."""
+
+    def __init__(self, proposer, rows=8, max_len=400):
+        self.p = proposer
+        self.tok = np.zeros((rows, max_len), dtype=np.int64)
+        self.n = np.zeros(rows, dtype=np.int64)
+        self.rows: list[str] = []  # request id per row
+        self.req: dict = {}  # id -> {"full": prompt + target, "have": tokens known, "draft": [...]}
+        self.done: list[str] = []
+        self.log: list[tuple[str, list[int], list[int]]] = []
+        self.partial: set[str] = set()  # requests in a prefill chunk this step (no sampled token)
+        self.accepted = 0  # drafted tokens vLLM would have accepted
+
+    def add(self, rid, prompt, target, partial=False):
+        self.req[rid] = {"full": prompt + target, "have": len(prompt), "draft": [], "prompt": len(prompt), "new": True}
+        self.rows.append(rid)
+        if partial:
+            self.partial.add(rid)
+
+    def remove(self, rid):
+        """Leave the batch (finished, aborted or preempted): the last row moves into the hole."""
+        i = self.rows.index(rid)
+        last = len(self.rows) - 1
+        if i != last:
+            self.tok[i] = self.tok[last]
+            self.n[i] = self.n[last]
+            self.rows[i] = self.rows[last]
+        self.rows.pop()
+
+    def step(self):
+        for rid in [r for r in self.rows if r in self.done]:
+            self.remove(rid)
+        sampled = []
+        for i, rid in enumerate(self.rows):
+            r = self.req[rid]
+            full, have = r["full"], r["have"]
+            if rid in self.partial:
+                self.partial.discard(rid)
+                self.tok[i, :have] = full[:have]
+                self.n[i] = have
+                sampled.append([])
+                continue
+            if r["new"]:  # prefill: the row gets the prompt, the sampler its first token
+                r["new"] = False
+                self.tok[i, :have] = full[:have]
+                new = [full[have]]
+            else:
+                a = 0
+                for t in r["draft"]:
+                    if have + a < len(full) and full[have + a] == t:
+                        a += 1
+                    else:
+                        break
+                new = full[have : have + a + 1]
+                self.accepted += min(a, len(new) - 1)
+            self.tok[i, have : have + len(new)] = new
+            r["have"] = have + len(new)
+            self.n[i] = r["have"]
+            sampled.append(list(new))
+            if r["have"] >= len(full):
+                self.done.append(rid)
+        drafts = self.p.propose(sampled, self.n[: len(self.rows)].copy(), self.tok[: len(self.rows)])
+        assert len(drafts) == len(self.rows)
+        for i, rid in enumerate(self.rows):
+            self.req[rid]["draft"] = list(drafts[i])
+            if sampled[i]:  # a row in a prefill chunk gets no draft (test_rows_without_a_sampled_token...)
+                self.log.append((rid, self.tok[i, : self.n[i]].tolist(), list(drafts[i])))
+        return sampled, drafts
+
+
+def reference(tokens: list[int], k=8, max_len=400) -> list[int]:
+    """What a fresh proposer drafts after these tokens: with pld alone and no cost floor, a pure
+    function of the request's tokens, so a batched proposer must draft the same."""
+    p = Proposer(config(k, max_len), sources=["pld"], min_reach=0.0)
+    return p.propose([[tokens[-1]]], np.array([len(tokens)]), np.array([tokens]))[0]
+
+
+class Recorder(goose.DraftSource):
+    """Records its lifecycle; drafts nothing."""
+
+    name = "recorder"
+    log: list = []
+
+    def begin(self, request):
+        Recorder.log.append(("begin", request.prompt_ids))
+
+    def propose(self, state):
+        return None
+
+    def end(self, output):
+        Recorder.log.append(("end", tuple(output.prompt_ids) + tuple(output.token_ids)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n_req=st.integers(2, 6),
+    joins=st.lists(st.integers(0, 12), min_size=6, max_size=6),
+    lens=st.lists(st.integers(5, 60), min_size=6, max_size=6),
+    preempt=st.lists(st.one_of(st.none(), st.integers(1, 10)), min_size=6, max_size=6),
+    partial=st.lists(st.booleans(), min_size=6, max_size=6),
+    seed=st.integers(0, 10**6),
+)
+def test_batched_drafts_equal_each_request_drafted_alone(n_req, joins, lens, preempt, partial, seed):
+    """Requests join at different steps (some with a prefill chunk first), finish at different
+    steps (several in one step), are preempted and resumed, and their rows move: every draft is
+    what the request alone would get, and state lives exactly while the request is in the batch."""
+    p = Proposer(config(), sources=["pld"], min_reach=0.0)
+    eng = Engine(p)
+    todo = {f"r{j}": (joins[j], text(seed + j, 30), text(seed + 100 + j, lens[j]), preempt[j], partial[j]) for j in range(n_req)}
+    back: dict = {}  # preempted request -> the step it resumes
+    for step in range(300):
+        for rid, (join, prompt, target, pre, part) in todo.items():
+            if join == step:
+                eng.add(rid, prompt, target, part)
+            if pre is not None and step == join + pre and rid in eng.rows and rid not in eng.done:
+                eng.remove(rid)  # preempted: back two steps later, recomputed from its tokens
+                back[rid] = step + 2
+            if back.get(rid) == step:
+                eng.rows.append(rid)
+                eng.req[rid]["new"], eng.req[rid]["draft"] = True, []
+        if not eng.rows and step > max(joins) and all(s < step for s in back.values()):
+            break
+        eng.step()
+        assert len(p.live) == len(eng.rows)
+    assert set(eng.done) == set(todo)
+    assert eng.log
+    for rid, tokens, draft in eng.log:
+        assert draft == reference(tokens), (rid, len(tokens))
+    eng.step()  # every finished request leaves: no state is left behind
+    assert p.live == {} and p.counts["freed"] == p.counts["requests"]
+    assert p.counts["accepted"] == eng.accepted and p.counts["drafted"] >= eng.accepted
+
+
+def test_lifecycle_begin_and_end_once_per_stay_with_the_request_tokens():
+    Recorder.log = []
+    p = Proposer(config(), sources=["pld", Recorder()], min_reach=0.0)
+    eng = Engine(p)
+    a, b = text(1, 20), text(2, 25)
+    eng.add("a", a, text(3, 7))
+    eng.add("b", b, text(4, 30))
+    for _ in range(60):
+        if not eng.rows:
+            break
+        eng.step()
+    begins = [x for x in Recorder.log if x[0] == "begin"]
+    ends = [x for x in Recorder.log if x[0] == "end"]
+    assert len(begins) == 2 and len(ends) == 2
+    # the prompt a source is told is every token but the first sampled one
+    assert sorted(x[1] for x in begins) == sorted([tuple(a), tuple(b)])
+    assert sorted(x[1] for x in ends) == sorted([tuple(eng.req[r]["full"]) for r in ("a", "b")])
+
+
+def test_rows_without_a_sampled_token_keep_their_state_and_get_no_draft():
+    p = Proposer(config(), sources=["pld"], min_reach=0.0)
+    eng = Engine(p)
+    eng.add("a", text(1, 30), text(2, 40))
+    eng.step()
+    eng.step()
+    st_a = p.live[0]
+    eng.add("b", text(5, 30), text(6, 40), partial=True)
+    sampled, drafts = eng.step()
+    assert sampled[1] == [] and drafts[1] == []
+    assert p.live[0] is st_a and 1 in p.live  # a kept; b known from its chunk
+
+
+def test_fault_a_state_matched_by_row_alone_drafts_another_requests_text(monkeypatch):
+    """The batched-equals-alone check catches a proposer that keys state by row index."""
+    import goose.vllm as gv
+
+    def by_row(old, i, row):
+        return (old.pop(i), False) if i in old else (None, False)
+
+    monkeypatch.setattr(gv, "_claim", by_row)
+    p = Proposer(config(), sources=["pld"], min_reach=0.0)
+    eng = Engine(p)
+    for j in range(3):
+        eng.add(f"r{j}", text(10 + j, 40), text(20 + j, 8 + 20 * j))
+    for _ in range(80):
+        if not eng.rows:
+            break
+        eng.step()
+    assert any(draft != reference(tokens) for _, tokens, draft in eng.log)
+
+
+def test_suffix_history_drafts_a_repeated_request_from_the_first_answer():
+    p = Proposer(config(k=16), sources=["pld", "suffix"], min_reach=0.0)
+    prompt, answer = text(7, 40), text(8, 80)
+    runs = []
+    for rid in ("first", "second"):
+        eng = Engine(p)
+        eng.add(rid, prompt, answer)
+        steps = 0
+        while eng.rows:
+            eng.step()
+            steps += 1
+        runs.append(steps)
+    assert runs[1] < runs[0] / 2, runs  # the second answer came in long accepted chains
+
+
+def test_measured_rates_cut_a_chain_that_is_usually_wrong():
+    """A source whose chains are right for one token only gets drafted one token deep."""
+
+    class OneRight(goose.DraftSource):
+        name = "one-right"
+
+        def begin(self, request):
+            self.full = None
+
+        def propose(self, state):
+            t = list(state.tokens)
+            nxt = FULL[len(t)] if len(t) < len(FULL) else 0
+            return goose.Proposal.chain(self.name, [nxt, (nxt + 1) % V, (nxt + 2) % V, (nxt + 3) % V])
+
+    FULL = text(3, 30) + [(i * 7) % V for i in range(200)]
+    p = Proposer(config(k=4), sources=[OneRight()], min_reach=0.3)
+    eng = Engine(p)
+    eng.add("a", FULL[:30], FULL[30:200])
+    lens = []
+    while eng.rows:
+        _, d = eng.step()
+        lens += [len(x) for x in d]
+    assert lens[-1] == 1 and max(lens[-20:]) == 1
+    assert p.reach(("one-right", False), 2)[0] > 0.9
+
+
+def test_step_cost_fit_recovers_the_slope_and_sets_the_floor():
+    c = StepCost(decay=1.0)
+    t, rows = 0.0, [4, 9, 2, 7, 12, 5, 3, 10, 6, 8, 11, 4]
+    for r in rows:
+        c.step(t, r, 3)
+        t += 0.010 + 0.002 * r
+    a, b = c.fit()
+    assert abs(a - 0.010) < 1e-9 and abs(b - 0.002) < 1e-9
+    # tokens per second: 3 per step over the mean step time; the floor is b times that
+    mean = np.mean([0.010 + 0.002 * r for r in rows[:-1]])
+    assert abs(c.min_reach(0.3) - 0.002 * 3 / mean) < 1e-9
+    flat = StepCost()
+    for i in range(20):
+        flat.step(i * 0.01, 5, 2)
+    assert flat.fit() is None and flat.min_reach(0.3) == 0.3  # no slope to read: the default
+
+
+def test_bad_sources_are_refused_with_their_reason(monkeypatch):
+    with pytest.raises(InvalidInputError, match="only gives successors"):
+        Proposer(config(), sources=["tr"])
+    with pytest.raises(UnknownComponentError, match="Did you mean .pld."):
+        Proposer(config(), sources=["pdl"])
+    monkeypatch.setenv("GOOSE_VLLM_SOURCES", "  ")
+    with pytest.raises(InvalidInputError, match="empty"):
+        Proposer(config())
+    monkeypatch.setenv("GOOSE_VLLM_SOURCES", "pld{max_chain=4}")
+    p = Proposer(config())
+    assert [s.name for s in p.pristine] == ["pld"] and p.pristine[0].options.max_chain == 4
+    with pytest.raises(InvalidInputError, match="min_reach"):
+        Proposer(config(), min_reach=1.5)
+    with pytest.raises(InvalidInputError, match="num_speculative_tokens"):
+        Proposer(config(k=0))
+
+
+def test_drafts_stay_inside_the_vocabulary_and_the_model_length():
+    class Wild(goose.DraftSource):
+        name = "wild"
+
+        def propose(self, state):
+            return goose.Proposal.chain(self.name, [1, 2, V + 3, 4])
+
+    p = Proposer(config(k=8, max_len=33), sources=[Wild()], min_reach=0.0)
+    assert p.propose([[5]], np.array([20]), np.zeros((1, 40), dtype=np.int64))[0] == [1, 2]
+    assert p.propose([[5]], np.array([32]), np.zeros((1, 40), dtype=np.int64))[0] == []  # no room left
