@@ -212,18 +212,9 @@ class Proposer:
         return list(m.spine[:n])
 
     def reach(self, key, n: int) -> list[float]:
-        """P(right through depth d) for d = 1..n: per-depth measured rates, an unmeasured depth
-        shrunk toward the rate of the depth above (a match that held so far tends to hold on)."""
-        r = self.rates
-        h, t = r.hits.get(key), r.trials.get(key)
-        out, p, rate = [], 1.0, self.prior
-        for d in range(n):
-            j = min(d, r.max_depth - 1)
-            hit, trial = (h[j], t[j]) if h is not None else (0.0, 0.0)
-            rate = (hit + rate * self.prior_weight) / (trial + self.prior_weight)
-            p *= rate
-            out.append(p)
-        return out
+        """P(right through depth d) for d = 1..n: the leader's measured per-depth rates, an unmeasured
+        depth inheriting the rate of the depth above (``SourceRates.reach_inherited``)."""
+        return self.rates.reach_inherited(key, n)
 
     def stats(self) -> dict:
         return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "rates": self.rates.snapshot()}

@@ -98,6 +98,21 @@ class SourceRates:
             out.append(r)
         return out
 
+    def reach_inherited(self, key, n: int, prior: float | None = None) -> list[float]:
+        """As :meth:`reach` from depth 0, but each depth's rate is shrunk toward the rate of the depth
+        above (the first toward ``prior``, default this table's): an unmeasured depth inherits the
+        shallower rate, as ``theory.calibrate.smoothed`` does for the spine (a match that held so far
+        tends to hold on)."""
+        h, t = self.hits.get(key), self.trials.get(key)
+        out, p, rate = [], 1.0, self.prior if prior is None else prior
+        for d in range(n):
+            j = min(d, self.max_depth - 1)
+            hit, trial = (h[j], t[j]) if h is not None else (0.0, 0.0)
+            rate = (hit + rate * self.weight) / (trial + self.weight)
+            p *= rate
+            out.append(p)
+        return out
+
     def expected(self, key, n: int) -> float:
         """Expected accepted tokens of an ``n``-token chain of this key."""
         m = self._memo.get((key, n))
