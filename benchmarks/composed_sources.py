@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default=None, help="run only the configurations whose policy starts with this (e.g. spine-fit)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
@@ -76,6 +77,7 @@ def main() -> int:
         (["recall", "pld", "tr"], "spine", None),
         (["pld", "recall", "tr"], "spine-fit", None),
         (["recall", "pld", "tr"], "spine-fit", None),
+        (["pld", "recall", "tr"], "spine-fit{shadow_depth=1}", None),  # one depth past the verified spine
         (["pld", "recall", "tr"], "spine-fit{shadow=false}", None),
         (["suffix"], "chain", None),  # the built-in cross-request source (plugins/suffix.py)
         (["pld", "suffix", "tr"], "spine", None),
@@ -88,6 +90,8 @@ def main() -> int:
     print(f"model {args.model} float32, {args.threads} threads, {args.max_new_tokens} new tokens; CPU: {machine.describe()}\n")
     print("| prompt | sources / policy | spine_source | tau (2nd request) | forwards | accepted/drafted by source | spine led by | identical |")
     print("|---|---|---|---|---|---|---|---|")
+    if args.only:
+        configs = [c for c in configs if c[1].startswith(args.only)]
     for pname, text in PROMPTS.items():
         chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         ids = tok(chat, return_tensors="pt")["input_ids"]
@@ -97,9 +101,10 @@ def main() -> int:
         for names, policy, spine in configs:
             srcs = [Recall() if n == "recall" else n for n in names]
             opts = {"spine_source": spine} if spine else {}
-            name = policy
-            if policy.endswith("{shadow=false}"):  # the fit before its shadow trials, for comparison
-                name, opts = policy.split("{")[0], {**opts, "shadow": False}
+            name, _, extra = policy.partition("{")  # e.g. spine-fit{shadow=false}: the fit's own options
+            for item in filter(None, extra.rstrip("}").split(",")):
+                key, _, value = item.partition("=")
+                opts[key] = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
             dec = goose.compose(model, tok, sources=srcs, policy=name, policy_options=opts or None)
             a = dec.generate(ids[0], max_new_tokens=args.max_new_tokens, do_sample=False)
             b = dec.generate(ids[0], max_new_tokens=args.max_new_tokens, do_sample=False)

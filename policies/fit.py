@@ -106,9 +106,15 @@ class FitOptions(Options):
     max_rank: int = Field(16, ge=1, description="cascade: sibling ranks beyond this are given probability 0")
     shadow: bool = Field(
         True,
-        description="cascade: also learn the spine rate one depth past what was verified (the spine node the fit "
-        "cut, or the first one on a plain step), checked against the target's next token, so that deeper spine "
-        "nodes are earned by evidence instead of staying at the prior",
+        description="cascade: also learn the spine rates past what was verified (the spine nodes the fit cut, all "
+        "of them on a plain step), checked in hindsight against the tokens the target commits there in this and "
+        "the following steps (up to shadow_depth depths), so that deeper spine nodes are earned by evidence "
+        "instead of staying at the prior",
+    )
+    shadow_depth: int = Field(
+        64, ge=1,
+        description="cascade, with shadow: how many spine depths past the verified spine a step's inner spine is "
+        "checked for, against the tokens this and the following steps commit (1: the target's next token only)",
     )
 
 
@@ -186,6 +192,7 @@ class FitPolicy(TreePolicy):
         self.streak = 0
         self.pending: float | None = None
         self._step: tuple | None = None  # (kind, size, shape-end time) of the step being verified
+        self._open: list = []  # earlier steps' spines still being checked against committed tokens (shadow)
         if request is not None:
             self.inner.begin(request)
 
@@ -326,7 +333,7 @@ class FitPolicy(TreePolicy):
         self._step = None
         tree = verified.tree
         shadow, self._shadow = getattr(self, "_shadow", None), None
-        if shadow is not None and verified.kind == "tree" and tree is not None:
+        if verified.kind == "tree" and tree is not None and (shadow is not None or self._open):
             self._learn_past(shadow, verified)
         if verified.kind == "tree" and tree is not None and tree.num_nodes > 1:
             if self.pending is not None:
@@ -355,27 +362,54 @@ class FitPolicy(TreePolicy):
         self.inner.observe(verified)
 
     def _learn_past(self, shadow, verified: Verified) -> None:
-        """One spine trial past the verified spine: when the walk accepted every spine node kept (none
-        on a plain step) and the inner tree's spine went on, its next token is checked against the
-        target's token there (the walk's next node, or the bonus). The trial is conditioned as the rate is (every shallower spine
-        token right), so the estimate stays unbiased while deep depths get evidence they would
-        otherwise only get from trees the rates do not yet justify."""
-        route, spine = shadow
+        """Spine trials past the verified spine, in hindsight. When the walk accepted every spine node
+        kept (none on a plain step) and the inner tree's spine went on, its next tokens are checked,
+        depth by depth, against the tokens the target committed there: the rest of this step's walk
+        and its bonus, then what the following steps commit (up to ``shadow_depth`` depths, stopping
+        at the first miss). Each trial is conditioned as the rate is (every shallower spine token
+        right), so the estimate stays unbiased, while deep depths get evidence they would otherwise
+        only get from trees the rates do not yet justify: a source that has earned long chains
+        earns its depth at the pace tokens are committed, not one depth per step."""
         tree, path = verified.tree, verified.path
         origins = tree.origins
+        committed = [tree.tokens[i] for i in path[1:]]
+        if verified.bonus is not None:
+            committed.append(verified.bonus)
+        # the earlier steps' spines, still open, read this step's tokens first
+        still = []
+        for trial in self._open:
+            if self._check(trial, committed):
+                still.append(trial)
+        if shadow is None:
+            self._open = still
+            return
+        route, spine = shadow
         kept = sum(1 for o in origins if o == "spine")
-        if kept >= len(spine) or len(path) < kept + 1 or any(origins[i] != "spine" for i in path[1 : kept + 1]):
-            return
-        # the target's token after the kept spine: the walk's next node if it went on, else the bonus
-        target = tree.tokens[path[kept + 1]] if len(path) > kept + 1 else verified.bonus
-        if target is None:
-            return
-        c = self.route_counts[route]
-        c.spine_trials[kept + 1] += 1
-        if target == spine[kept]:
-            c.spine_hits[kept + 1] += 1
-        self.models.pop(route, None)
-        self.counts["shadow_trials"] += 1
+        if kept < len(spine) and len(path) >= kept + 1 and all(origins[i] == "spine" for i in path[1 : kept + 1]):
+            last = min(len(spine), kept + self.options.shadow_depth)
+            trial = [route, spine, kept, last]  # route, spine tokens, next index to check, index to stop at
+            if self._check(trial, committed[kept:]):
+                still.append(trial)
+        self._open = still[-self.options.shadow_depth :]
+
+    def _check(self, trial: list, tokens: Sequence[int]) -> bool:
+        """Book the trial's spine against committed ``tokens``; True while it stays open."""
+        route, spine, i, last = trial
+        c = None
+        for tok in tokens:
+            if i >= last:
+                break
+            if c is None:
+                c = self.route_counts[route]
+                self.models.pop(route, None)
+            c.spine_trials[i + 1] += 1
+            self.counts["shadow_trials"] += 1
+            if tok != spine[i]:
+                return False
+            c.spine_hits[i + 1] += 1
+            i += 1
+        trial[2] = i
+        return i < last
 
     def end(self, output) -> None:
         self.inner.end(output)

@@ -356,6 +356,69 @@ def test_shadow_trials_let_an_earned_chain_grow():
     assert on.stats.forward_passes < off.stats.forward_passes, (on.stats.forward_passes, off.stats.forward_passes)
 
 
+def test_hindsight_trials_follow_the_committed_tokens_of_later_steps():
+    """A cut spine keeps being checked, depth by depth, against what the following steps commit,
+    until its first miss; with shadow_depth=1 only the target's next token is checked."""
+    from goose.interfaces import Verified
+    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.tree import DraftTree
+
+    import torch
+
+    def verified(tree, path, bonus):
+        n = tree.num_nodes
+        return Verified("tree", torch.tensor(tree.tokens), torch.full((n,), -1), torch.zeros(n, 4), (0,) * n,
+                        tree, path, tuple(tree.tokens[i] for i in path[1:]), bonus)
+
+    spine = (1, 2, 3, 4, 5, 6, 7)
+    full = DraftTree.build((9, *spine), (-1, 0, 1, 2, 3, 4, 5, 6), "spine", route="chain")
+    kept = full.subtree([0, 1, 2])  # the fit kept 2 of 7 spine nodes
+
+    def run(depth, later):
+        pol = FitPolicy(FitOptions(latency=FLAT, shadow_depth=depth))
+        pol._shadow = ("chain", spine)
+        pol.observe(verified(kept, (0, 1, 2), 3))  # depth 3 right (the bonus)
+        for bonus in later:  # plain steps, each committing one token; their own spines say nothing
+            pol._shadow = None
+            pol.observe(verified(DraftTree.single(9), (0,), bonus))
+        c = pol.route_counts["chain"]
+        # depths past the kept spine (1 and 2 are booked by the verified tree itself)
+        return ({d: c.spine_trials[d] for d in range(3, 9) if c.spine_trials[d]},
+                {d: c.spine_hits[d] for d in range(3, 9) if c.spine_hits[d]})
+
+    # 4 and 5 right, 0 wrong at depth 6: trials stop there, the later 6 and 7 are not booked
+    assert run(64, (4, 5, 0, 6, 7)) == ({3: 1, 4: 1, 5: 1, 6: 1}, {3: 1, 4: 1, 5: 1})
+    # all right: booked up to the spine's end (depth 7), nothing past it
+    assert run(64, (4, 5, 6, 7, 8)) == ({3: 1, 4: 1, 5: 1, 6: 1, 7: 1}, {3: 1, 4: 1, 5: 1, 6: 1, 7: 1})
+    # at most shadow_depth depths past the kept spine
+    assert run(2, (4, 5, 6)) == ({3: 1, 4: 1}, {3: 1, 4: 1})
+    assert run(1, (4, 5, 6)) == ({3: 1}, {3: 1})
+    # a tree step's walk and bonus feed the open spine in order
+    pol = FitPolicy(FitOptions(latency=FLAT))
+    pol._shadow = ("chain", spine)
+    pol.observe(verified(kept, (0, 1, 2), 3))
+    pol._shadow = None
+    walk = DraftTree.build((3, 4, 5, 8), (-1, 0, 1, 2), "spine", route="chain")
+    pol.observe(verified(walk, (0, 1, 2), 6))  # commits 4, 5, then the bonus 6: depths 4, 5, 6 right
+    c = pol.route_counts["chain"]
+    assert [c.spine_hits[d] for d in range(3, 8)] == [1, 1, 1, 1, 0] and c.spine_trials[7] == 0
+
+
+def test_hindsight_earns_an_always_right_chain_faster_than_one_depth_per_step():
+    dec = {
+        depth: goose.compose(
+            ToyCausalLM(16), None, sources=[_Oracle(), "tr"], policy="spine-fit",
+            policy_options={"latency": CONCAVE, "shadow_depth": depth}, budget=24,
+        )
+        for depth in (1, 64)
+    }
+    outs = {d: x.generate([3, 1, 4, 1, 5], max_new_tokens=80) for d, x in dec.items()}
+    for out in outs.values():
+        assert out.token_ids == reference_greedy([3, 1, 4, 1, 5], 80, 16)
+    assert outs[64].stats.forward_passes < outs[1].stats.forward_passes, {
+        d: o.stats.forward_passes for d, o in outs.items()}
+
+
 def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
     from goose.interfaces import Verified
     from goose.policies.fit import FitOptions, FitPolicy
