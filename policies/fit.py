@@ -111,6 +111,12 @@ class FitOptions(Options):
         "the following steps (up to shadow_depth depths), so that deeper spine nodes are earned by evidence "
         "instead of staying at the prior",
     )
+    pool_routes: bool = Field(
+        True,
+        description="cascade: a route's spine rates are shrunk toward the rates its lead source has earned on the "
+        "policy's other routes (e.g. the bypass chain's toward the spine's), not toward the prior, so a source that "
+        "has earned depth keeps it when the inner policy switches routes",
+    )
     shadow_depth: int = Field(
         64, ge=1,
         description="cascade, with shadow: how many spine depths past the verified spine a step's inner spine is "
@@ -322,10 +328,31 @@ class FitPolicy(TreePolicy):
             from goose.theory.calibrate import smoothed
 
             o = self.options
+            toward = self._earned_elsewhere(route) if o.pool_routes else None
             m = self.models[route] = smoothed(
-                self.route_counts[route], o.prior, o.prior_weight, o.max_spine_depth, o.max_rank
+                self.route_counts[route], o.prior, o.prior_weight, o.max_spine_depth, o.max_rank, toward=toward
             )
         return m
+
+    def _earned_elsewhere(self, route: str):
+        """The spine rates the route's lead source (``spine@pld``: pld) has earned on the other routes, pooled
+        and smoothed as usual; None when the route has no lead source or the others have no spine trials."""
+        from goose.theory.calibrate import Counts, smoothed
+
+        lead = route.partition("@")[2]
+        if not lead:
+            return None
+        pooled = Counts()
+        for r, c in self.route_counts.items():
+            if r != route and r.partition("@")[2] == lead:
+                for d, v in c.spine_trials.items():
+                    pooled.spine_trials[d] += v
+                for d, v in c.spine_hits.items():
+                    pooled.spine_hits[d] += v
+        if not pooled.spine_trials:
+            return None
+        o = self.options
+        return smoothed(pooled, o.prior, o.prior_weight, o.max_spine_depth, 1).spine
 
     def observe(self, verified: Verified) -> None:
         if verified.kind == "tree" and self._step is not None and hasattr(self, "_t"):
@@ -349,7 +376,7 @@ class FitPolicy(TreePolicy):
                 try:
                     route, view = _per_source(tree)
                     count_step(self.route_counts[route], view.parents, view.origins, verified.path)
-                    self.models.pop(route, None)
+                    self.models.clear()
                 except ValueError:
                     pass
             on_path = set(verified.path)
@@ -401,7 +428,7 @@ class FitPolicy(TreePolicy):
                 break
             if c is None:
                 c = self.route_counts[route]
-                self.models.pop(route, None)
+                self.models.clear()
             c.spine_trials[i + 1] += 1
             self.counts["shadow_trials"] += 1
             if tok != spine[i]:

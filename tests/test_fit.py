@@ -450,3 +450,25 @@ def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
     pol._shadow = ("chain", (1, 2, 3, 4))
     pol.observe(verified(DraftTree.single(9), (0,), 1))
     assert (c.spine_trials[1], c.spine_hits[1]) == (t1 + 1, h1 + 1)
+
+
+def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
+    """The bypass chain of a source that has earned depth on the spine route starts from those rates,
+    not from the prior; another source's routes, and pool_routes=False, start from the prior."""
+    from goose.policies.fit import FitOptions, FitPolicy
+
+    def model(pool, route):
+        pol = FitPolicy(FitOptions(latency=FLAT, pool_routes=pool))
+        c = pol.route_counts["spine@pld"]
+        for d in range(1, 21):  # pld right 10 times out of 10 at every depth to 20
+            c.spine_trials[d] += 10
+            c.spine_hits[d] += 10
+        return pol._model(route).spine
+
+    earned, fresh = model(True, "bypass@pld"), model(False, "bypass@pld")
+    assert fresh[0] == pytest.approx(0.1) and fresh[19] == pytest.approx(0.1)  # the prior, every depth
+    assert earned[0] > 0.8 and earned[19] > 0.8  # what pld earned on the spine route
+    assert model(True, "bypass@suffix")[0] == pytest.approx(0.1)  # another source earned nothing
+    assert model(True, "spine")[0] == pytest.approx(0.1)  # a route without a lead source
+    own = model(True, "spine@pld")  # a route's own counts are not pooled with themselves
+    assert own == model(False, "spine@pld")

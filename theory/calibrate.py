@@ -253,7 +253,8 @@ def count(records: Iterable[Record], spine_origin: str = SPINE) -> Counts:
 
 
 def smoothed(
-    c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = SPINE
+    c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = SPINE,
+    toward: Sequence[float] | None = None,
 ) -> AcceptanceModel:
     """The online form of :func:`estimate`, for a model that must exist from the first step.
 
@@ -265,7 +266,9 @@ def smoothed(
     get 0. Each rank vector is made non-increasing (a
     source's lower-ranked candidate is never likelier than a better-ranked one, so the likeliest
     nodes of a tree keep rank prefixes) and scaled to sum to at most 1. Origins never seen use the
-    prior vector.
+    prior vector. ``toward`` (spine rates, depth 1 first, e.g. what the same source earned on
+    another route) replaces the spine's shrinkage targets: ``p_d`` is shrunk toward ``toward[d-1]``
+    (its last entry for deeper depths).
     """
     spine = []
     for d in range(1, pool_from + 1):
@@ -274,7 +277,11 @@ def smoothed(
         else:
             t = sum(v for k, v in c.spine_trials.items() if k >= pool_from)
             h = sum(v for k, v in c.spine_hits.items() if k >= pool_from)
-        spine.append((h + (spine[-1] if spine else prior) * weight) / (t + weight))
+        if toward:
+            target = toward[min(d, len(toward)) - 1]
+        else:
+            target = spine[-1] if spine else prior
+        spine.append((h + target * weight) / (t + weight))
     base = np.asarray(independent_ranks(prior, ranks))
 
     def vector(trials: dict[int, int], hits: dict[int, int]) -> tuple[float, ...]:
