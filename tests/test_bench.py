@@ -352,6 +352,9 @@ def test_method_specs_take_options():
         "sources": [("pld", {"max_chain": 16, "extend": False}), ("tr", {"k": 4})], "policy": "iso3"}
     assert bench.preset("pld+tr/spine") == {"sources": ["pld", "tr"], "policy": "spine"}
     bench.check_method("pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld}")
+    # --methods splits at commas outside braces: a component's several options stay together
+    assert bench.split_methods("ar, pld{max_chain=16,extend=false}/chain,pld+tr/spine-fit{a=1,b=2},iso3") == [
+        "ar", "pld{max_chain=16,extend=false}/chain", "pld+tr/spine-fit{a=1,b=2}", "iso3"]
     with pytest.raises(InvalidInputError, match=r"max_chian"):
         bench.check_method("pld{max_chian=16}/chain")
     with pytest.raises(InvalidInputError, match=r"must be written pld\{key=value,...\}"):

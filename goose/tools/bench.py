@@ -138,6 +138,20 @@ def check_method(name: str) -> None:
     component_options(reg.get("policy", kw["policy"]), kw.get("policy_options"))
 
 
+def split_methods(text: str) -> list[str]:
+    """``--methods``: comma-separated, commas inside a component's braces kept (``spine-fit{a=1,b=2}``)."""
+    out, depth, cur = [], 0, []
+    for c in text:
+        depth += (c == "{") - (c == "}")
+        if c == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    out.append("".join(cur))
+    return [m.strip() for m in out if m.strip()]
+
+
 def _split_policy(name: str) -> tuple[str, str, str]:
     """``SRC+SRC/POLICY``: the last '/' outside braces."""
     depth = 0
@@ -524,7 +538,7 @@ def run(args) -> int:
         raise InvalidInputError(f"--turns {turns} needs --chat: the turns are a conversation. Hint: add --chat")
     if (samples > 1 or turns > 1) and getattr(args, "greedy_from", None):
         raise InvalidInputError("--greedy-from keeps one greedy output per prompt; it cannot serve --samples or --turns")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = split_methods(args.methods)
     for m in methods:
         if m not in BASELINES:
             check_method(m)
@@ -898,7 +912,7 @@ def _report(args) -> int:
             if not eq or not name:
                 raise InvalidInputError(f"--first {item!r}: expected DATASET=N, e.g. --first humaneval=3,gsm8k=3")
             first[name] = _count(count, f"--first {item}", f"{name}=3")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    methods = split_methods(args.methods) if args.methods else None
     md, rows, runs = summarize_file(paths, first, methods)
     n = len({(r.dataset, r.prompt_id) for r in runs})
     print(f"{n} prompts with every method finished\n")
