@@ -6,7 +6,9 @@ probability of being accepted under the theory module's acceptance model
 vectors ``q^o_r``, siblings' events disjoint, spine child first), with the rates estimated online
 from this generation's verified trees (:func:`goose.theory.calibrate.count_step`, shrunk toward a
 prior by :func:`goose.theory.calibrate.smoothed`; one set of rates per route, since a bypass
-chain is drafted only when the context match is confident). It keeps the subtree that maximises
+chain is drafted only when the context match is confident, each route's rates shrunk toward what
+its lead source earned on the other routes, ``pool_routes``; the spine depths the fit cut are
+checked in hindsight against the tokens later steps commit, ``shadow`` and ``shadow_depth``). It keeps the subtree that maximises
 expected tokens per second:
 
     (1 + sum of the kept nodes' acceptance probabilities) / t(kept nodes + 1)
