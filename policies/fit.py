@@ -116,8 +116,9 @@ class FitOptions(Options):
     pool_routes: bool = Field(
         True,
         description="cascade: a route's spine rates are shrunk toward the rates its lead source has earned on the "
-        "policy's other routes (e.g. the bypass chain's toward the spine's), not toward the prior, so a source that "
-        "has earned depth keeps it when the inner policy switches routes",
+        "policy's other routes (e.g. the bypass chain's toward the spine's; never toward the bypass route's, which is "
+        "drafted only for confident matches), not toward the prior, so a source that has earned depth keeps it when "
+        "the inner policy switches routes",
     )
     shadow_depth: int = Field(
         64, ge=1,
@@ -337,8 +338,9 @@ class FitPolicy(TreePolicy):
         return m
 
     def _earned_elsewhere(self, route: str):
-        """The spine rates the route's lead source (``spine@pld``: pld) has earned on the other routes, pooled
-        and smoothed as usual; None when the route has no lead source or the others have no spine trials."""
+        """The spine rates the route's lead source (``spine@pld``: pld) has earned on the other routes (the
+        bypass route excepted), pooled and smoothed as usual; None when the route has no lead source or
+        the others have no spine trials."""
         from goose.theory.calibrate import Counts, smoothed
 
         lead = route.partition("@")[2]
@@ -346,7 +348,9 @@ class FitPolicy(TreePolicy):
             return None
         pooled = Counts()
         for r, c in self.route_counts.items():
-            if r != route and r.partition("@")[2] == lead:
+            # the bypass route is drafted only when the match is confident: it borrows from the other
+            # routes (a pessimistic start for it), never they from it (an optimistic one for them)
+            if r != route and r.partition("@")[2] == lead and not r.startswith("bypass@"):
                 for d, v in c.spine_trials.items():
                     pooled.spine_trials[d] += v
                 for d, v in c.spine_hits.items():

@@ -472,3 +472,8 @@ def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
     assert model(True, "spine")[0] == pytest.approx(0.1)  # a route without a lead source
     own = model(True, "spine@pld")  # a route's own counts are not pooled with themselves
     assert own == model(False, "spine@pld")
+    # the bypass route (confident matches only) lends nothing to the others
+    pol = FitPolicy(FitOptions(latency=FLAT))
+    pol.route_counts["bypass@pld"].spine_trials[1] += 10
+    pol.route_counts["bypass@pld"].spine_hits[1] += 10
+    assert pol._model("spine@pld").spine[0] == pytest.approx(0.1)
