@@ -454,7 +454,8 @@ def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
 
 def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
     """The bypass chain of a source that has earned depth on the spine route starts from those rates,
-    not from the prior; another source's routes, and pool_routes=False, start from the prior."""
+    not from the prior; another source's routes, the non-bypass routes, and pool_routes=False start
+    from the prior."""
     from goose.policies.fit import FitOptions, FitPolicy
 
     def model(pool, route):
@@ -470,9 +471,8 @@ def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
     assert earned[0] > 0.8 and earned[19] > 0.8  # what pld earned on the spine route
     assert model(True, "bypass@suffix")[0] == pytest.approx(0.1)  # another source earned nothing
     assert model(True, "spine")[0] == pytest.approx(0.1)  # a route without a lead source
-    own = model(True, "spine@pld")  # a route's own counts are not pooled with themselves
-    assert own == model(False, "spine@pld")
-    # the bypass route (confident matches only) lends nothing to the others
+    # only the bypass route borrows: the spine and chain routes (TR's branches compete, or not) stay apart
+    assert model(True, "chain@pld")[0] == pytest.approx(0.1)
     pol = FitPolicy(FitOptions(latency=FLAT))
     pol.route_counts["bypass@pld"].spine_trials[1] += 10
     pol.route_counts["bypass@pld"].spine_hits[1] += 10
