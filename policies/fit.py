@@ -336,6 +336,13 @@ class FitPolicy(TreePolicy):
             )
         return m
 
+    def _stale(self, route: str) -> None:
+        """The route's counts changed: drop its cached model, and its source's bypass model that borrows from them."""
+        self.models.pop(route, None)
+        lead = route.partition("@")[2]
+        if lead:
+            self.models.pop(f"bypass@{lead}", None)
+
     def _earned_elsewhere(self, route: str):
         """For a bypass route (``bypass@pld``), the spine rates its lead source (pld) has earned on the other
         routes, pooled and smoothed as usual; None for other routes, or when the others have no spine trials."""
@@ -382,7 +389,7 @@ class FitPolicy(TreePolicy):
                 try:
                     route, view = _per_source(tree)
                     count_step(self.route_counts[route], view.parents, view.origins, verified.path)
-                    self.models.clear()
+                    self._stale(route)
                 except ValueError:
                     pass
             on_path = set(verified.path)
@@ -434,7 +441,7 @@ class FitPolicy(TreePolicy):
                 break
             if c is None:
                 c = self.route_counts[route]
-                self.models.clear()
+                self._stale(route)
             c.spine_trials[i + 1] += 1
             self.counts["shadow_trials"] += 1
             if tok != spine[i]:
