@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -411,9 +411,14 @@ class Decoder:
         try:
             v = verifier.prefill(ids, keep=keep) if _takes_keep(verifier) else verifier.prefill(ids)
             forwards = 1
-            t0 = time.perf_counter()
-            self._observe(worker, v)
-            t_observe += time.perf_counter() - t0
+            # a verifier may defer the prefill's other logit rows (GreedyTreeVerifier.prefill_rows): the
+            # sources observe the prefill just before the first draft, with every row, or at the end with
+            # the last row only when the generation ends at its first token
+            deferred = v if getattr(verifier, "deferred_prefill", None) is not None else None
+            if deferred is None:
+                t0 = time.perf_counter()
+                self._observe(worker, v)
+                t_observe += time.perf_counter() - t0
             seq = list(prompt_ids)
             view = TokenView(seq)  # what sources read: the same list, read-only
             new: list[int] = []
@@ -437,6 +442,12 @@ class Decoder:
                 if len(new) >= max_new_tokens:
                     stopped_by = "max_new_tokens"
                     break
+                if deferred is not None:
+                    t0 = time.perf_counter()
+                    full = verifier.prefill_rows()
+                    self._observe(worker, deferred if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk))
+                    deferred = None
+                    t_observe += time.perf_counter() - t0
                 # -- draft and shape -----------------------------------------------------------
                 remaining = max_new_tokens - len(new)
                 max_depth = remaining - 1
@@ -484,6 +495,11 @@ class Decoder:
                         step=StepRecord(step, tree, v, committed, t1 - t0, t2 - t1),
                     )
                 step += 1
+            if deferred is not None:  # ended at its first token: the last row is all the sources see
+                t0 = time.perf_counter()
+                verifier.deferred_prefill = None
+                self._observe(worker, deferred)
+                t_observe += time.perf_counter() - t0
         finally:
             verifier.end()
             if rule is not None:
@@ -498,7 +514,8 @@ class Decoder:
                 extra[s.name] = s.stats()
         if policy.stats():
             extra["policy"] = policy.stats()
-        extra["prefill_logit_rows"] = keep
+        # the rows the prefill's LM head computed: keep, or 1 where deferred rows were never needed
+        extra["prefill_logit_rows"] = int(getattr(verifier, "timers", {}).get("prefill_logit_rows", keep))
         if verifier.stats():
             extra["verifier"] = verifier.stats()
         if hasattr(verifier, "linear_info"):  # tree passes' linear layers, and the packed weights' MiB

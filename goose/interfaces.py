@@ -467,6 +467,9 @@ class Verifier(ABC):
 
         ``keep``: compute the logits of the last ``keep`` prompt positions only (None: all); the
         returned record then covers those positions (``tokens``, ``predecessors``, ``logits``).
+        A verifier may instead return the last position's row only and set ``deferred_prefill``
+        (not None): the loop then calls ``prefill_rows()`` before the first draft for the record
+        with every row (see ``GreedyTreeVerifier.prefill_rows``).
         """
 
     @abstractmethod

@@ -66,6 +66,14 @@ class TreeVerifierOptions(Options):
         "of transformers' DynamicLayer copying the whole cache per layer and step (verifiers/cache.py; the "
         "same logits to the bit)",
     )
+    defer_prefill_rows: bool = Field(
+        True,
+        description="the prefill computes the LM head for its last position only and keeps the final hidden "
+        "states of the other positions the sources asked for (keep); their logit rows are computed when the "
+        "first draft needs them (prefill_rows), so a generation that ends at its first token never pays for "
+        "them. Checked once per model: the deferred last row must match the prefill's own, or the verifier "
+        "computes the rows in the prefill from then on",
+    )
 
 
 class GreedyTreeVerifier(Verifier):
@@ -234,16 +242,42 @@ class GreedyTreeVerifier(Verifier):
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:
-        """The prompt in one forward; logits for the last ``keep`` positions only (None: all)."""
+        """The prompt in one forward; logits for the last ``keep`` positions only (None: all).
+
+        With ``defer_prefill_rows`` (and a model whose head can be applied apart, see
+        :meth:`_head_parts`) the forward computes the last row only and the returned ``Verified``
+        holds that row; the other ``keep - 1`` rows wait for :meth:`prefill_rows`
+        (``deferred_prefill`` says whether they do)."""
         self.timers = {"mask": 0.0, "forward": 0.0, "walk": 0.0, "commit": 0.0, "prefill_forward": 0.0}
+        self.deferred_prefill = None
         if self._forms is None:
             self._resolve_forms()
         self.cache = self._new_cache()
         ids = prompt_ids.to(self.device).view(1, -1)
         n = ids.shape[1]
         k = n if keep is None else max(1, min(int(keep), n))
+        prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])[n - k :]
+        parts = self._head_parts() if k > 1 and self.options.defer_prefill_rows else None
         t0 = time.perf_counter()
-        logits = self._forward(ids, position_ids=torch.arange(n, device=self.device).view(1, -1), keep=k)
+        pos = torch.arange(n, device=self.device).view(1, -1)
+        if parts is None:
+            logits = self._forward(ids, position_ids=pos, keep=k)
+        else:
+            held = []
+
+            def grab(_module, _args, out):  # the decoder's last hidden state (after its final norm)
+                h = out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+                held.append(h[0, -k:].detach().clone())
+
+            handle = parts[0].register_forward_hook(grab)
+            try:
+                logits = self._forward(ids, position_ids=pos, keep=1)
+            finally:
+                handle.remove()
+            if len(held) == 1:
+                self.deferred_prefill = (ids[0, n - k :], prev, held[0], logits[-1].clone())
+                k = 1
+                prev = prev[-1:]
         if logits.shape[0] > k:  # a model without logits_to_keep computed them all
             logits = logits[-k:]
         self.timers["prefill_forward"] += time.perf_counter() - t0
@@ -253,7 +287,6 @@ class GreedyTreeVerifier(Verifier):
         if self._sliding:
             self.cache.crop(0)  # sliding layers: back to the last window - 1 positions
         self.before_root = int(ids[0, -1])
-        prev = torch.cat([torch.tensor([-1], device=self.device), ids[0, :-1]])[n - k :]
         argmax = top1(logits)
         rule = self.rule
         if rule is None:
@@ -261,6 +294,50 @@ class GreedyTreeVerifier(Verifier):
         first = rule.choose(logits[-1], ())
         rule.ends((first,))
         return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=first, walk=rule.kind)
+
+    def _head_parts(self):
+        """(decoder module, LM head, final logit soft-cap) when the head can be applied to the decoder's
+        output apart from the forward (transformers' ``get_decoder`` / ``get_output_embeddings``); None
+        otherwise, or once a deferred row failed its check on this model."""
+        if getattr(self, "_defer_failed", False):
+            return None
+        m = self.model
+        try:
+            dec = m.get_decoder() if hasattr(m, "get_decoder") else None
+            head = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
+        except (AttributeError, NotImplementedError):
+            return None
+        if not isinstance(dec, torch.nn.Module) or not isinstance(head, torch.nn.Module) or dec is m:
+            return None
+        cfg = m.config
+        text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        return dec, head, getattr(text, "final_logit_softcapping", None)
+
+    @torch.inference_mode()
+    def prefill_rows(self) -> Verified | None:
+        """The prefill's deferred logit rows (the last ``keep`` prompt positions), computed now; None when
+        none are pending, or when the recomputed last row differs from the prefill's own (the model's head
+        is more than ``get_output_embeddings``, e.g. a logit scale: rows are computed in the prefill from
+        then on, and this request's sources learn from the last row only)."""
+        pending, self.deferred_prefill = getattr(self, "deferred_prefill", None), None
+        if pending is None:
+            return None
+        tokens, prev, hidden, last = pending
+        _, head, cap = self._head_parts() or (None, None, None)
+        if head is None:
+            return None
+        t0 = time.perf_counter()
+        logits = head(hidden.unsqueeze(0))[0]
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        logits = logits.to(last.dtype)
+        self.timers["prefill_forward"] = self.timers.get("prefill_forward", 0.0) + time.perf_counter() - t0
+        tol = 1e-3 + 1e-2 * float(last.abs().max())
+        if logits.shape != (len(tokens), last.shape[-1]) or float((logits[-1] - last).abs().max()) > tol:
+            self._defer_failed = True
+            return None
+        self.timers["prefill_logit_rows"] = int(logits.shape[0])
+        return Verified("prefill", tokens, prev, logits, top1(logits), bonus=None, walk="greedy" if self.rule is None else self.rule.kind)
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree) -> Verified:

@@ -1,0 +1,108 @@
+"""The prefill's deferred logit rows (verifier option ``defer_prefill_rows``).
+
+The prefill computes the LM head for the last prompt position only; the rows the sources asked for
+(token recycling's prompt harvest) are computed from the kept hidden states just before the first
+draft, so a generation that ends at its first token never pays for them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import goose
+from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+from test_reliability import _tiny_llama
+
+
+def _verifier(model, **opts):
+    v = GreedyTreeVerifier(TreeVerifierOptions(**opts))
+    v.bind(model)
+    return v
+
+
+def _prompt(n=200, vocab=4096, seed=5):
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_deferred_rows_equal_the_rows_the_prefill_would_have_computed():
+    model, ids = _tiny_llama(), _prompt()
+    eager = _verifier(model, defer_prefill_rows=False).prefill(ids, keep=48)
+    lazy_v = _verifier(model)
+    first = lazy_v.prefill(ids, keep=48)
+    assert first.logits.shape[0] == 1 and lazy_v.deferred_prefill is not None
+    assert first.bonus == eager.bonus
+    assert lazy_v.timers["prefill_logit_rows"] == 1
+    rows = lazy_v.prefill_rows()
+    assert rows is not None and lazy_v.deferred_prefill is None
+    assert rows.tokens.tolist() == eager.tokens.tolist() == ids[-48:].tolist()
+    assert rows.predecessors.tolist() == eager.predecessors.tolist()
+    torch.testing.assert_close(rows.logits, eager.logits, rtol=1e-9, atol=1e-9)
+    assert rows.argmax == eager.argmax
+    assert lazy_v.timers["prefill_logit_rows"] == 48
+    assert lazy_v.prefill_rows() is None  # taken once
+
+
+def test_a_generation_that_ends_at_its_first_token_computes_one_row():
+    model, ids = _tiny_llama(), _prompt()
+    first = int(_verifier(model, defer_prefill_rows=False).prefill(ids, keep=1).bonus)
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16)
+    out = dec.generate(ids, max_new_tokens=8, stop_token_ids=[first])
+    assert out.token_ids == [first]
+    assert out.stats.extra["prefill_logit_rows"] == 1
+    assert out.stats.extra["tr"]["harvested_positions"] == 1  # the sources still observed the prefill's row
+    # a longer one: every row the sources asked for, observed before the first draft
+    long = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16).generate(ids, max_new_tokens=8)
+    assert long.stats.extra["prefill_logit_rows"] == 200
+    assert long.stats.extra["tr"]["harvested_positions"] >= 200
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_output_and_drafts_do_not_depend_on_deferral(defer):
+    """The sources learn the same rows either way, so trees, passes and output are the same."""
+    model, ids = _tiny_llama(), _prompt(seed=7)
+    ref = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16,
+                        verifier_options={"defer_prefill_rows": False}).generate(ids, max_new_tokens=24)
+    out = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16,
+                        verifier_options={"defer_prefill_rows": defer}).generate(ids, max_new_tokens=24)
+    with torch.inference_mode():
+        hf = model.generate(ids.view(1, -1), attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+                            max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+    assert out.token_ids == ref.token_ids == hf[0, ids.numel():].tolist()
+    assert out.stats.forward_passes == ref.stats.forward_passes
+    assert out.stats.per_source == ref.stats.per_source
+
+
+class _Scaled(torch.nn.Module):
+    """An output head the forward does not use as it is (as a model with a logit scale would)."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, h):
+        return 2.0 * self.head(h)
+
+
+def test_a_head_that_does_not_reproduce_the_prefill_row_turns_deferral_off(monkeypatch):
+    model, ids = _tiny_llama(), _prompt()
+    v = _verifier(model)
+    real = model.get_output_embeddings()
+    monkeypatch.setattr(model, "get_output_embeddings", lambda: _Scaled(real))
+    v.prefill(ids, keep=32)
+    assert v.prefill_rows() is None  # the check failed: no rows from a head that is not the model's
+    assert v._head_parts() is None
+    again = v.prefill(ids, keep=32)  # from then on the prefill computes its rows itself
+    assert again.logits.shape[0] == 32 and v.deferred_prefill is None
+
+
+def test_the_loop_still_serves_a_model_whose_head_check_fails(monkeypatch):
+    model, ids = _tiny_llama(), _prompt(seed=9)
+    real = model.get_output_embeddings()
+    monkeypatch.setattr(model, "get_output_embeddings", lambda: _Scaled(real))
+    out = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16).generate(ids, max_new_tokens=12)
+    with torch.inference_mode():
+        hf = model.generate(ids.view(1, -1), attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+                            max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert out.token_ids == hf[0, ids.numel():].tolist()
+    assert out.stats.extra["tr"]["harvested_positions"] >= 1
