@@ -443,8 +443,10 @@ class Decoder:
                     stopped_by = "max_new_tokens"
                     break
                 if deferred is not None:
-                    t0 = time.perf_counter()
+                    # the deferred rows' LM head is prefill work, timed by the verifier as prefill_forward:
+                    # only the sources' harvest counts as observe (or the profile counts it twice)
                     full = verifier.prefill_rows()
+                    t0 = time.perf_counter()
                     self._observe(worker, deferred if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk))
                     deferred = None
                     t_observe += time.perf_counter() - t0

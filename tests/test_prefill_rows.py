@@ -106,3 +106,32 @@ def test_the_loop_still_serves_a_model_whose_head_check_fails(monkeypatch):
                             max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     assert out.token_ids == hf[0, ids.numel():].tolist()
     assert out.stats.extra["tr"]["harvested_positions"] >= 1
+
+
+class _Slow(torch.nn.Module):
+    """The model's own head, 0.25 s slower: a cost that must be counted once, as prefill."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x):
+        import time
+
+        time.sleep(0.25)
+        return self.head(x)
+
+
+def test_the_deferred_rows_are_timed_as_prefill_not_as_the_sources_harvest(monkeypatch):
+    # `goose bench`'s profile adds the verifier's prefill time and the loop's observe time: the
+    # deferred rows' head must be in one of them only (the loop once counted it in both)
+    model, ids = _tiny_llama(), _prompt(seed=11)
+    real = model.get_output_embeddings()
+    monkeypatch.setattr(model, "get_output_embeddings", lambda: _Slow(real))
+    out = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=16).generate(ids, max_new_tokens=8)
+    assert out.stats.extra["prefill_logit_rows"] == 200  # the deferred path ran
+    t, vt = out.stats.time_s, out.stats.extra["verifier"]
+    assert vt["prefill_forward"] >= 0.25
+    assert t["observe"] < 0.25, t
+    timed = t["draft"] + t["observe"] + vt["prefill_forward"] + vt["forward"]
+    assert timed <= t["total"], (timed, t, vt)
