@@ -16,6 +16,7 @@ from collections import defaultdict
 
 def main(out: str) -> None:
     rows: dict = defaultdict(list)  # (side, method) -> [(dataset, ar seconds, seconds, forwards, identical)]
+    secs: dict = {}  # (side, method, dataset, prompt) -> seconds
     for side in "AB":
         for path in sorted(glob.glob(f"{out}/{side}-*/results.json")):
             runs = json.load(open(path))["runs"]
@@ -27,6 +28,7 @@ def main(out: str) -> None:
                 rows[(side, r["method"])].append(
                     (r["dataset"], ref["seconds"], r["seconds"], r.get("forward_passes"), r["tokens"] == ref["tokens"])
                 )
+                secs[(side, r["method"], r["dataset"], r["prompt_id"])] = r["seconds"]
     print("| method | side | pooled | median | identical | forwards | per dataset (pooled) |")
     print("|---|---|---|---|---|---|---|")
     for (side, method), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -40,6 +42,17 @@ def main(out: str) -> None:
         same = sum(x[4] for x in v)
         fwd = sum(x[3] or 0 for x in v)
         print(f"| {method} | {side} | {pooled:.2f}x | {median:.2f}x | {same}/{len(v)} | {fwd} | {per} |")
+
+    print()
+    print("| method | A seconds / B seconds, pooled | median per prompt | prompts |")
+    print("|---|---|---|---|")
+    for method in sorted({m for _, m in rows}):
+        pairs = [(t, secs[("B", method, d, p)]) for (side, m, d, p), t in secs.items()
+                 if side == "A" and m == method and ("B", method, d, p) in secs]
+        if pairs:
+            pooled = sum(a for a, _ in pairs) / sum(b for _, b in pairs)
+            median = statistics.median(a / b for a, b in pairs)
+            print(f"| {method} | {pooled:.2f} | {median:.2f} | {len(pairs)} |")
 
 
 if __name__ == "__main__":
