@@ -14,6 +14,11 @@
 # `goose bench --methods METHODS`, each against its own `ar` measured in the same run, their order
 # alternating from SPEC to SPEC. Results: OUT/A-<i>/results.json and OUT/B-<i>/results.json.
 set -euo pipefail
+if [ $# -lt 6 ]; then
+  echo "usage: bash benchmarks/ab_checkouts.sh MODEL OUT \"METHODS\" COMMIT_A COMMIT_B SPEC [SPEC ...]" >&2
+  echo "  got $# argument(s); e.g. bash benchmarks/ab_checkouts.sh smollm2 /tmp/ab \"ar,pld,spine-fit\" HEAD~1 HEAD gsm8k@41-41" >&2
+  exit 2
+fi
 model=$1 out=$2 methods=$3 commit_a=$4 commit_b=$5
 shift 5
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -29,6 +29,9 @@ def main(out: str) -> None:
                     (r["dataset"], ref["seconds"], r["seconds"], r.get("forward_passes"), r["tokens"] == ref["tokens"])
                 )
                 secs[(side, r["method"], r["dataset"], r["prompt_id"])] = r["seconds"]
+    if not rows:
+        sys.exit(f"ab_table: no {out}/A-*/results.json or {out}/B-*/results.json; is {out!r} the OUT folder "
+                 "of benchmarks/ab_checkouts.sh, and did its runs finish (OUT/done, the OUT/*.log files)?")
     print("| method | side | pooled | median | identical | forwards | per dataset (pooled) |")
     print("|---|---|---|---|---|---|---|")
     for (side, method), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -47,8 +50,8 @@ def main(out: str) -> None:
     print("| method | A seconds / B seconds, pooled | median per prompt | prompts |")
     print("|---|---|---|---|")
     for method in sorted({m for _, m in rows}):
-        pairs = [(t, secs[("B", method, d, p)]) for (side, m, d, p), t in secs.items()
-                 if side == "A" and m == method and ("B", method, d, p) in secs]
+        pairs = [(t, secs[("B", *key)]) for (side, *key), t in secs.items()
+                 if side == "A" and key[0] == method and ("B", *key) in secs]
         if pairs:
             pooled = sum(a for a, _ in pairs) / sum(b for _, b in pairs)
             median = statistics.median(a / b for a, b in pairs)
@@ -56,4 +59,6 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python benchmarks/ab_table.py OUT  (the OUT folder of benchmarks/ab_checkouts.sh)")
     main(sys.argv[1])

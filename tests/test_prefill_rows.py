@@ -7,6 +7,8 @@ draft, so a generation that ends at its first token never pays for them.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -116,8 +118,6 @@ class _Slow(torch.nn.Module):
         self.head = head
 
     def forward(self, x):
-        import time
-
         time.sleep(0.25)
         return self.head(x)
 
