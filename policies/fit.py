@@ -31,6 +31,10 @@ independent per-class rates (origin, depth, sibling rank), the estimate used bef
 - *Pessimistic start*: the prior acceptance is low (``prior=0.1``), so on a device where every
   extra node costs nearly a token's forward (an AVX2-only CPU in bfloat16, a 1.5B model in
   float32) the first steps are plain steps, and trees come only as observed rates justify them.
+  One exception, measured rather than assumed: a context match's chain starts from the rates
+  its confidence tier earned on the tune split (``source_priors``: pld's consensus matches and
+  its long matches, each learned apart from then on), since a fresh decoder that meets a right
+  50-token match would otherwise verify it a few tokens at a time while plain PLD takes it whole.
 - *Observed latency*: the time each step really took (from the end of :meth:`shape` to the
   policy's :meth:`observe`, so the sources' learning is counted too) corrects the measured
   curve, separately for plain steps and for trees (``ratio = (observed + prior) / (curve +
@@ -52,7 +56,7 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
@@ -119,11 +123,33 @@ class FitOptions(Options):
         "its lead source has earned on the policy's other routes, not toward the prior, so a source that has earned "
         "depth keeps it when the inner policy switches to the bypass",
     )
+    source_priors: dict[str, list[tuple[float, float, float]]] = Field(
+        default_factory=lambda: {"pld": [(1.0, 0.7, 0.9), (0.7, 0.45, 0.9)]},
+        description="cascade: where a chain source's spine rates start, by the confidence of its chain this step: "
+        "{source: [(min confidence, p_1, p_deeper), ...]}, the first tier the chain's confidence reaches wins; a tier's "
+        "chains are learned apart from the source's other chains (route 'spine@pld^1'), shrunk toward (p_1, p_deeper) "
+        "instead of `prior`. The pld tiers are calibrated on the tune split (docs/results.md); {}: every spine starts at `prior`",
+    )
     shadow_depth: int = Field(
         64, ge=1,
         description="cascade, with shadow: how many spine depths past the verified spine a step's inner spine is "
         "checked for, against the tokens this and the following steps commit (1: the target's next token only)",
     )
+
+    @field_validator("source_priors")
+    @classmethod
+    def _tiers(cls, v):
+        out = {}
+        for source, tiers in v.items():
+            rows = [tuple(float(x) for x in t) for t in tiers]
+            for t in rows:
+                if len(t) != 3 or not all(0.0 <= x <= 1.0 for x in t):
+                    raise ValueError(
+                        f"source_priors[{source!r}]: each tier is (min confidence, p_1, p_deeper), all in [0, 1]; "
+                        f"got {t}. Hint: {{'pld': [(1.0, 0.5, 0.85)]}}"
+                    )
+            out[source] = sorted(rows, key=lambda t: -t[0])  # the highest tier a confidence reaches wins
+        return out
 
 
 class FitPolicy(TreePolicy):
@@ -262,7 +288,7 @@ class FitPolicy(TreePolicy):
             return tree
         parents = tree.parents
         n = tree.num_nodes
-        route, view = _per_source(tree)
+        route, view = _per_source(tree, self.options.source_priors)
         if self.options.shadow and self.options.estimator == "cascade":
             self._shadow = (route, _spine_tokens(tree))
         model = self._model(route) if self.options.estimator == "cascade" else None
@@ -332,9 +358,20 @@ class FitPolicy(TreePolicy):
             o = self.options
             toward = self._earned_elsewhere(route) if o.pool_routes else None
             m = self.models[route] = smoothed(
-                self.route_counts[route], o.prior, o.prior_weight, o.max_spine_depth, o.max_rank, toward=toward
+                self.route_counts[route], o.prior, o.prior_weight, o.max_spine_depth, o.max_rank, toward=toward,
+                start=self._tier_prior(route),
             )
         return m
+
+    def _tier_prior(self, route: str) -> tuple[float, float] | None:
+        """(p_1, p_deeper) where a confidence tier's spine rates start (``source_priors``); None: ``prior``."""
+        lead, _, tier = route.partition("@")[2].partition("^")
+        if not tier:
+            return None
+        for floor, p1, deeper in self.options.source_priors.get(lead, ()):
+            if f"{floor:g}" == tier:
+                return (p1, deeper)
+        return None
 
     def _stale(self, route: str) -> None:
         """The route's counts changed: drop its cached model, and its source's bypass model that borrows from them."""
@@ -365,7 +402,7 @@ class FitPolicy(TreePolicy):
         if not pooled.spine_trials:
             return None
         o = self.options
-        return smoothed(pooled, o.prior, o.prior_weight, o.max_spine_depth, 1).spine
+        return smoothed(pooled, o.prior, o.prior_weight, o.max_spine_depth, 1, start=self._tier_prior(route)).spine
 
     def observe(self, verified: Verified) -> None:
         if verified.kind == "tree" and self._step is not None and hasattr(self, "_t"):
@@ -387,7 +424,7 @@ class FitPolicy(TreePolicy):
                 from goose.theory.calibrate import count_step
 
                 try:
-                    route, view = _per_source(tree)
+                    route, view = _per_source(tree, self.options.source_priors)
                     count_step(self.route_counts[route], view.parents, view.origins, verified.path)
                     self._stale(route)
                 except ValueError:
@@ -517,15 +554,26 @@ def _spine_tokens(tree: DraftTree) -> list[int]:
         node = nxt
 
 
-def _per_source(tree: DraftTree):
+def tier(priors: dict, source: str, confidence) -> str:
+    """The confidence tier of ``source``'s chain (``FitOptions.source_priors``) as a route suffix, or ''."""
+    for floor, _, _ in priors.get(source, ()):
+        if confidence is not None and confidence >= floor:
+            return f"^{floor:g}"
+    return ""
+
+
+def _per_source(tree: DraftTree, priors: dict | None = None):
     """The rates' key and the tree as the acceptance model reads it, per source: spine rates are
-    learned per source leading the spine (route ``spine@suffix``), and another source's side chain
-    (origin ``chain``) is its own origin group (``chain:suffix``). With one chain source this is
-    the tree and route as they are."""
+    learned per source leading the spine (route ``spine@suffix``), and per confidence tier of its
+    chain where ``priors`` (``FitOptions.source_priors``) has tiers for that source
+    (``spine@pld^1``); another source's side chain (origin ``chain``) is its own origin group
+    (``chain:suffix``). With one chain source and no tiers this is the tree and route as they are."""
     if tree.sources is None or tree.num_nodes < 2:
         return tree.route, tree
     lead = next((s[0] for o, s in zip(tree.origins, tree.sources) if o == "spine" and s), None)
     route = tree.route if lead is None else f"{tree.route}@{lead}"
+    if lead is not None and priors:
+        route += tier(priors, lead, tree.meta.get("confidence"))
     if "chain" not in tree.origins:
         return route, tree
     origins = tuple(f"chain:{s[0]}" if o == "chain" and s else o for o, s in zip(tree.origins, tree.sources))

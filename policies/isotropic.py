@@ -101,7 +101,8 @@ class IsotropicPolicy(TreePolicy):
         conf = ranked[0].confidence if ranked and o.confidence else 0.0
         budget = ctx.budget + int(conf * o.extension)
         root_ids, root_scores, root_src = ctx.successors(anchor, st.prev_anchor)
-        meta = {"chains": {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}}
+        meta = {"chains": {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked},
+                "confidence": conf}
         if not len(root_ids):
             if not ranked:
                 return None

@@ -291,7 +291,7 @@ class SpinePolicy(TreePolicy):
         for j in range(n):
             trie.add(j, merged.spine[j], SPINE, merged.spine_sources[j])
         added = trie.add_sides(merged, n, budget - 1 - n, self.rates, self.options.side_min, ctx.state.max_depth)
-        return trie.tree("chains" if added else "chain", spine_len=n, chains=merged.chains)
+        return trie.tree("chains" if added else "chain", spine_len=n, confidence=merged.confidence, chains=merged.chains)
 
     def build(
         self,
@@ -556,7 +556,7 @@ class BypassPolicy(TreePolicy):
                 if n > 0:
                     return DraftTree.build(
                         (ctx.state.anchor, *lead.tokens[:n]), range(-1, n), SPINE, None, "bypass",
-                        ((), *merged.spine_sources[:n]), spine_len=n, chains=merged.chains,
+                        ((), *merged.spine_sources[:n]), spine_len=n, confidence=lead.confidence, chains=merged.chains,
                     )
             return self.inner.shape(ctx)
         name = self._spine
@@ -569,7 +569,7 @@ class BypassPolicy(TreePolicy):
                     if n > 0:
                         return DraftTree.build(
                             (ctx.state.anchor, *chain[:n]), range(-1, n), SPINE, None, "bypass",
-                            ((),) + ((name,),) * n, spine_len=n,
+                            ((),) + ((name,),) * n, spine_len=n, confidence=prop.confidence,
                         )
         return self.inner.shape(ctx)
 

@@ -29,9 +29,10 @@ def run(prompt, n, latency, **opts):
     latency=st.sampled_from([FLAT, STEEP, {1: 1.0, 8: 1.5, 32: 4.0, 128: 20.0}]),
     prior=st.sampled_from([0.05, 0.3, 0.9]),
     estimator=st.sampled_from(["cascade", "classes"]),
+    tiers=st.sampled_from([None, {}, {"pld": [(0.0, 0.9, 0.99)]}, {"pld": [(1.0, 0.05, 0.5), (0.5, 0.9, 0.9)]}]),
 )
-def test_fit_is_lossless(prompt, n, latency, prior, estimator):
-    run(prompt, n, latency, prior=prior, estimator=estimator)
+def test_fit_is_lossless(prompt, n, latency, prior, estimator, tiers):
+    run(prompt, n, latency, prior=prior, estimator=estimator, **({} if tiers is None else {"source_priors": tiers}))
 
 
 def test_steep_latency_falls_back_to_plain_decoding():
@@ -477,3 +478,95 @@ def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
     pol.route_counts["bypass@pld"].spine_trials[1] += 10
     pol.route_counts["bypass@pld"].spine_hits[1] += 10
     assert pol._model("spine@pld").spine[0] == pytest.approx(0.1)
+
+
+# -- where a context match's trust starts: pld's confidence tiers (source_priors) -------------------
+def test_smoothed_rates_start_a_tier_at_its_calibrated_rates():
+    """``start=(a, b)``: p_1 toward a; deeper depths toward the larger of b and the shallower estimate."""
+    from goose.theory.calibrate import Counts, smoothed
+
+    m = smoothed(Counts(), prior=0.1, weight=2.0, pool_from=8, ranks=4, start=(0.4, 0.85))
+    assert m.p(1) == pytest.approx(0.4) and m.p(2) == pytest.approx(0.85) and m.p(8) == pytest.approx(0.85)
+    c = Counts()
+    c.spine_trials.update({1: 10, 2: 10})
+    c.spine_hits.update({1: 10, 2: 10})
+    m = smoothed(c, prior=0.1, weight=2.0, pool_from=8, ranks=4, start=(0.4, 0.85))
+    assert m.p(1) == pytest.approx((10 + 0.8) / 12)
+    assert m.p(3) == pytest.approx(m.p(2)) and m.p(3) > 0.85  # earned higher than b: the shallower rate
+    c = Counts()
+    c.spine_trials.update({1: 10})
+    c.spine_hits.update({1: 0})
+    m = smoothed(c, prior=0.1, weight=2.0, pool_from=8, ranks=4, start=(0.4, 0.85))
+    assert m.p(1) == pytest.approx(0.8 / 12) and m.p(2) == pytest.approx(0.85)  # a miss at depth 1 says nothing deeper
+
+
+def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
+    from goose.policies.fit import FitOptions, FitPolicy, _per_source
+    from goose.tree import DraftTree
+
+    def tree(conf, source="pld", route="spine"):
+        return DraftTree.build((7, 1, 2, 3), (-1, 0, 1, 2), ("root", "spine", "spine", "spine"), None, route,
+                               ((), (source,), (source,), (source,)), confidence=conf)
+
+    tiers = FitOptions().source_priors
+    assert _per_source(tree(1.0), tiers)[0] == "spine@pld^1"
+    assert _per_source(tree(0.82), tiers)[0] == "spine@pld^0.7"
+    assert _per_source(tree(0.3), tiers)[0] == "spine@pld"  # below every tier: the source's plain route
+    assert _per_source(tree(1.0, "suffix"), tiers)[0] == "spine@suffix"  # no tiers for that source
+    assert _per_source(tree(1.0), {})[0] == "spine@pld"  # tiers off: the routes as before
+    assert _per_source(tree(1.0, route="bypass"), tiers)[0] == "bypass@pld^1"
+    pol = FitPolicy(FitOptions(latency=FLAT, source_priors={"pld": [(0.7, 0.3, 0.9), (1.0, 0.6, 0.95)]}))
+    assert pol.options.source_priors["pld"][0][0] == 1.0  # the highest tier a confidence reaches wins
+    assert pol._model("spine@pld^1").spine[:3] == pytest.approx((0.6, 0.95, 0.95))
+    assert pol._model("spine@pld^0.7").spine[:2] == pytest.approx((0.3, 0.9))
+    assert pol._model("spine@pld").spine[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
+    # a tier's bypass route borrows only from the same tier of its source
+    c = pol.route_counts["spine@pld^0.7"]
+    c.spine_trials[1] += 20
+    assert pol._model("bypass@pld^1").spine[0] == pytest.approx(0.6)
+    assert pol._model("bypass@pld^0.7").spine[0] < 0.1
+
+
+@pytest.mark.parametrize("tiers", [
+    {"pld": [(1.0, 1.5, 0.9)]}, {"pld": [(1.0, 0.5)]}, {"pld": [(-0.1, 0.5, 0.9)]},
+])
+def test_malformed_tiers_are_refused(tiers):
+    with pytest.raises(goose.InvalidInputError, match="source_priors"):
+        goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-fit",
+                      policy_options={"source_priors": tiers, "latency": FLAT})
+
+
+class _Copy(goose.DraftSource):
+    """Always right, 16 tokens deep, with a confidence that says so (tier 1.0): a match that can be trusted."""
+
+    name = "copy"
+
+    def propose(self, state):
+        return goose.Proposal.chain(self.name, reference_greedy(list(state.tokens), 16, 16), confidence=1.0)
+
+
+def test_a_trusted_tier_drafts_its_first_chain_deep():
+    """A fresh decoder meets a confidence-1.0 chain: with its tier's calibrated start the first step
+    keeps most of the chain; from the pessimistic prior only the chain's first tokens."""
+    def first_spine(tiers):
+        dec = goose.compose(ToyCausalLM(16), None, sources=[_Copy(), "tr"], policy="spine-fit",
+                            policy_options={"latency": CONCAVE, "source_priors": tiers}, budget=24)
+        seen = []
+
+        class Hook:
+            @goose.hookimpl
+            def goose_on_step(self, decoder, step):
+                if decoder is dec and step.tree.num_nodes > 1 and not seen:
+                    seen.append(sum(1 for o in step.tree.origins if o == "spine"))
+
+        goose.register_plugin(Hook(), name="tier-probe")
+        try:
+            out = dec.generate([3, 1, 4, 1, 5], max_new_tokens=40)
+        finally:
+            goose.unregister_plugin("tier-probe")
+        assert out.token_ids == reference_greedy([3, 1, 4, 1, 5], 40, 16)
+        return seen[0], out.stats.forward_passes
+
+    trusted, cold = first_spine({"copy": [(1.0, 0.8, 0.95)]}), first_spine({})
+    assert trusted[0] >= 8 and cold[0] <= 2, (trusted, cold)
+    assert trusted[1] < cold[1]

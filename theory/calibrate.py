@@ -254,7 +254,7 @@ def count(records: Iterable[Record], spine_origin: str = SPINE) -> Counts:
 
 def smoothed(
     c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = SPINE,
-    toward: Sequence[float] | None = None,
+    toward: Sequence[float] | None = None, start: tuple[float, float] | None = None,
 ) -> AcceptanceModel:
     """The online form of :func:`estimate`, for a model that must exist from the first step.
 
@@ -268,7 +268,11 @@ def smoothed(
     nodes of a tree keep rank prefixes) and scaled to sum to at most 1. Origins never seen use the
     prior vector. ``toward`` (spine rates, depth 1 first, e.g. what the same source earned on
     another route) replaces the spine's shrinkage targets: ``p_d`` is shrunk toward ``toward[d-1]``
-    (its last entry for deeper depths).
+    (its last entry for deeper depths). ``start`` = (a, b), a calibrated start for one kind of
+    chain (``FitOptions.source_priors``): ``p_1`` is shrunk toward ``a`` instead of ``prior``, and
+    ``p_d`` toward the larger of ``b`` and the estimate of ``p_{d-1}`` (a chain of that kind that
+    held to depth d - 1 holds on at least at rate ``b``, and at the shallower rate where that is
+    earned higher).
     """
     spine = []
     for d in range(1, pool_from + 1):
@@ -279,6 +283,8 @@ def smoothed(
             h = sum(v for k, v in c.spine_hits.items() if k >= pool_from)
         if toward:
             target = toward[min(d, len(toward)) - 1]
+        elif start is not None:
+            target = max(start[1], spine[-1]) if spine else start[0]
         else:
             target = spine[-1] if spine else prior
         spine.append((h + target * weight) / (t + weight))

@@ -48,6 +48,9 @@ PRESETS: dict[str, dict] = {
     # interleaved comparisons
     "spine-fit-stock": {"sources": ["pld", "tr"], "policy": "spine-fit",
                         "verifier_options": {"linear": "stock", "gqa": False}},
+    # every spine starting at the pessimistic prior, whatever the match's confidence (source_priors
+    # off: the fit before pld's calibrated confidence tiers), for interleaved comparisons
+    "spine-fit-untiered": {"sources": ["pld", "tr"], "policy": "spine-fit", "policy_options": {"source_priors": {}}},
     # the default before issue 11 (optimistic prior, whole-tree exploration, no observed-time or
     # gain correction, every prompt position harvested), for interleaved comparisons
     "spine-fit-prev": {
