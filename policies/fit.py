@@ -139,17 +139,15 @@ class FitOptions(Options):
     @field_validator("source_priors")
     @classmethod
     def _tiers(cls, v):
-        out = {}
+        # pydantic has made each tier a (float, float, float); what is left is the range and the order
         for source, tiers in v.items():
-            rows = [tuple(float(x) for x in t) for t in tiers]
-            for t in rows:
-                if len(t) != 3 or not all(0.0 <= x <= 1.0 for x in t):
+            for t in tiers:
+                if not all(0.0 <= x <= 1.0 for x in t):
                     raise ValueError(
                         f"source_priors[{source!r}]: each tier is (min confidence, p_1, p_deeper), all in [0, 1]; "
                         f"got {t}. Hint: {{'pld': [(1.0, 0.5, 0.85)]}}"
                     )
-            out[source] = sorted(rows, key=lambda t: -t[0])  # the highest tier a confidence reaches wins
-        return out
+        return {source: sorted(tiers, key=lambda t: -t[0]) for source, tiers in v.items()}  # highest tier first
 
 
 class FitPolicy(TreePolicy):
@@ -178,6 +176,11 @@ class FitPolicy(TreePolicy):
 
             items = sorted((int(k), float(v)) for k, v in o.latency.items())
             self.curve = LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
+        # route lead ("pld^0.7", as tier() writes it) -> where that tier's spine rates start
+        self._starts = {
+            f"{source}{tier(o.source_priors, source, floor)}": (p1, deeper)
+            for source, tiers in o.source_priors.items() for floor, p1, deeper in tiers
+        }
         self.acc: Counter = Counter()
         self.trials: Counter = Counter()
         self.observed: Counter = Counter()  # latency, calibration and exploration sums (carried)
@@ -365,13 +368,7 @@ class FitPolicy(TreePolicy):
 
     def _tier_prior(self, route: str) -> tuple[float, float] | None:
         """(p_1, p_deeper) where a confidence tier's spine rates start (``source_priors``); None: ``prior``."""
-        lead, _, tier = route.partition("@")[2].partition("^")
-        if not tier:
-            return None
-        for floor, p1, deeper in self.options.source_priors.get(lead, ()):
-            if f"{floor:g}" == tier:
-                return (p1, deeper)
-        return None
+        return self._starts.get(route.partition("@")[2])
 
     def _stale(self, route: str) -> None:
         """The route's counts changed: drop its cached model, and its source's bypass model that borrows from them."""
