@@ -76,10 +76,20 @@ def prompt_ids(meta: dict, dataset: str, pid: str, cache: dict) -> list[int]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="results.json of a goose bench --samples K run")
-    ap.add_argument("--min-match", type=int, default=2, help="tokens the oracle's match must have (default 2)")
+    ap.add_argument("--min-match", type=int, default=2, help="tokens the oracle's match must have (default 2, at least 1)")
     ap.add_argument("--no-prompt", action="store_true", help="do not let the oracle copy from the prompt")
     a = ap.parse_args(argv)
-    r = json.load(open(a.results))
+    if a.min_match < 1:
+        ap.error(f"--min-match {a.min_match}: must be at least 1 (a match needs a token to match). Hint: --min-match 2")
+    try:
+        r = json.load(open(a.results))
+    except (OSError, ValueError) as exc:
+        print(f"copy_bound: cannot read {a.results!r} ({exc}). Hint: the results.json that "
+              "goose bench --samples K --out DIR wrote in DIR", file=sys.stderr)
+        return 2
+    if "runs" not in r or "meta" not in r:
+        print(f"copy_bound: {a.results!r} is not a goose bench results.json (no 'meta' and 'runs')", file=sys.stderr)
+        return 2
     meta, runs = r["meta"], r["runs"]
     if meta.get("samples", 1) < 2:
         print(f"copy_bound: {a.results} has no repeated draws (samples={meta.get('samples')}). "

@@ -108,7 +108,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=None, help="tabulate rows written earlier by --out instead of running the model")
     a = ap.parse_args(argv)
     if a.rows:
-        rows = json.load(open(a.rows))
+        try:
+            rows = json.load(open(a.rows))
+        except (OSError, ValueError) as exc:
+            print(f"pld_tiers: cannot read {a.rows!r} ({exc}). Hint: the file an earlier run wrote with --out",
+                  file=sys.stderr)
+            return 2
     else:
         import torch
 
