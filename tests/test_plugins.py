@@ -358,3 +358,37 @@ def test_the_kit_fails_a_bad_source(source, test, error, match):
 
     with pytest.raises(error, match=match):
         getattr(Kit(), test)()
+
+
+def test_the_kit_composes_with_its_policy_options():
+    """``policy_options`` reach the policy the kit composes: a malformed option is refused at compose
+    time, and a valid one (spine-fit on a fixed latency, a tiered start for the source) runs the checks."""
+
+    class Kit(SourceLosslessnessKit):
+        policy = "spine-fit"
+        extra_sources = ("tr",)
+        max_examples = 3
+
+        def make_source(self):
+            return _RightChain()
+
+    bad = Kit()
+    bad.policy_options = {"source_priors": {"pld": [(1.0, 1.5, 0.9)]}}
+    with pytest.raises(goose.InvalidInputError, match="source_priors"):
+        bad.test_proposals_are_drafted_and_valid()
+    good = Kit()
+    good.policy_options = {"latency": {1: 1.0, 128: 1.0}, "source_priors": {"right": [(0.0, 0.9, 0.95)]}}
+    good.test_proposals_are_drafted_and_valid()
+    good.test_lossless_on_toy()
+    assert good._decoder().policy.options.source_priors == {"right": [(0.0, 0.9, 0.95)]}
+
+
+class _RightChain(goose.DraftSource):
+    """The toy model's own next 8 tokens, confidence 1.0."""
+
+    name = "right"
+
+    def propose(self, state):
+        from goose.testing import reference_greedy
+
+        return goose.Proposal.chain(self.name, reference_greedy(list(state.tokens), 8, 16), confidence=1.0)

@@ -164,6 +164,8 @@ class SourceLosslessnessKit:
     - ``vocab_size`` (16): the toy model's vocabulary;
     - ``policy`` ("proposal"): the tree policy the source drafts under ("proposal" verifies the
       proposal as proposed, any tree shape; "spine" for a chain source beside "tr", ...);
+    - ``policy_options`` (None): options of that policy, as ``goose.compose(policy_options=...)``
+      takes them (e.g. ``{"latency": {1: 1.0, 128: 1.0}, "source_priors": {...}}`` for ``spine-fit``);
     - ``extra_sources`` (()): sources composed after yours (e.g. ("tr",) for the spine policies);
     - ``max_examples`` (30): Hypothesis examples per property;
     - ``require_drafts`` (True): whether the source must propose on a repetitive prompt.
@@ -171,6 +173,7 @@ class SourceLosslessnessKit:
 
     vocab_size = 16
     policy = "proposal"
+    policy_options: dict | None = None
     extra_sources: tuple = ()
     max_examples = 30
     require_drafts = True
@@ -184,7 +187,8 @@ class SourceLosslessnessKit:
 
         model = ToyCausalLM(self.vocab_size, eos_token_id=eos, max_positions=4096)
         src = self.make_source()
-        dec = goose.compose(model, None, sources=[src, *self.extra_sources], policy=self.policy, budget=budget)
+        dec = goose.compose(model, None, sources=[src, *self.extra_sources], policy=self.policy,
+                             policy_options=self.policy_options, budget=budget)
         if spy:
             _spy(dec, self.vocab_size)
         return dec
