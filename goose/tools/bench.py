@@ -65,12 +65,39 @@ METHODS_HELP = (
     "comma-separated: ar (transformers greedy, always run first), hf-pld (transformers prompt lookup), "
     + ", ".join(PRESETS)
     + ", or SRC+SRC/POLICY for any registered components (e.g. pld+tr/iso3), each with options in "
-    "braces (e.g. pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld})"
+    "braces (e.g. pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld}; a dict or list option in JSON, e.g. "
+    "spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}})"
 )
 
 
-def _value(text: str):
-    """An option value written in a method spec: int, float, true/false, none, else the string."""
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split at ``sep`` outside braces and brackets (a JSON option value keeps its commas)."""
+    out, depth, cur = [], 0, []
+    for c in text:
+        depth += (c in "{[") - (c in "}]")
+        if c == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    out.append("".join(cur))
+    return out
+
+
+def _value(text: str, key: str = "", name: str = "", method: str = ""):
+    """An option value written in a method spec: a JSON object or list, int, float, true/false, none, else the string."""
+    if text.strip()[:1] in ("{", "["):
+        import json
+
+        from goose.errors import InvalidInputError
+
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise InvalidInputError(
+                f"method {method!r}: option {key!r} of {name!r} is not valid JSON ({exc.args[0]}): {text.strip()!r}. "
+                'Hint: double-quoted keys, lists for tuples, e.g. source_priors={"pld":[[1.0,0.6,0.9]]}'
+            ) from None
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -94,18 +121,30 @@ def _component(spec: str, method: str):
         raise InvalidInputError(f"method {method!r}: an empty component name. Hint: pld+tr/spine, or pld{{max_chain=16}}/chain")
     if not brace:
         return name
-    if not rest.endswith("}") or "{" in rest[:-1] or "}" in rest[:-1]:
+    if not rest.endswith("}") or not _balanced(rest[:-1]):
         raise InvalidInputError(
             f"method {method!r}: options of {name!r} must be written {name}{{key=value,...}}, got {spec!r}. "
             "Hint: pld{max_chain=16}"
         )
     opts = {}
-    for item in [x for x in rest[:-1].split(",") if x.strip()]:
+    for item in [x for x in _split_top(rest[:-1], ",") if x.strip()]:
         key, eq, val = item.partition("=")
         if not eq or not key.strip():
             raise InvalidInputError(f"method {method!r}: option {item!r} of {name!r} is not key=value. Hint: {name}{{key=value}}")
-        opts[key.strip()] = _value(val)
+        opts[key.strip()] = _value(val, key.strip(), name, method)
     return (name, opts) if opts else name
+
+
+def _balanced(text: str) -> bool:
+    """Braces and brackets close in order (a JSON value inside a component's options)."""
+    stack = []
+    for c in text:
+        if c in "{[":
+            stack.append("}" if c == "{" else "]")
+        elif c in "}]":
+            if not stack or stack.pop() != c:
+                return False
+    return not stack
 
 
 def preset(name: str) -> dict:
@@ -114,9 +153,14 @@ def preset(name: str) -> dict:
     if name in PRESETS:
         return PRESETS[name]
     if "/" in name:
+        if not _balanced(name):
+            raise InvalidInputError(
+                f"method {name!r}: its braces and brackets do not close in order (each component's options in "
+                "{...}, a JSON value inside them). Hint: pld+tr/spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}}"
+            )
         srcs, _, pol = _split_policy(name)
         policy = _component(pol, name)
-        out = {"sources": [_component(s, name) for s in srcs.split("+") if s.strip()]}
+        out = {"sources": [_component(s, name) for s in _split_top(srcs, "+") if s.strip()]}
         if isinstance(policy, tuple):
             out["policy"], out["policy_options"] = policy[0], policy[1]
         else:
@@ -143,16 +187,7 @@ def check_method(name: str) -> None:
 
 def split_methods(text: str) -> list[str]:
     """``--methods``: comma-separated, commas inside a component's braces kept (``spine-fit{a=1,b=2}``)."""
-    out, depth, cur = [], 0, []
-    for c in text:
-        depth += (c == "{") - (c == "}")
-        if c == "," and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-    out.append("".join(cur))
-    return [m.strip() for m in out if m.strip()]
+    return [m.strip() for m in _split_top(text, ",") if m.strip()]
 
 
 def _split_policy(name: str) -> tuple[str, str, str]:
@@ -160,8 +195,8 @@ def _split_policy(name: str) -> tuple[str, str, str]:
     depth = 0
     for i in range(len(name) - 1, -1, -1):
         c = name[i]
-        depth += c == "}"
-        depth -= c == "{"
+        depth += c in "}]"
+        depth -= c in "{["
         if c == "/" and depth == 0:
             return name[:i], "/", name[i + 1:]
     return name, "", ""
