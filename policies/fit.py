@@ -130,6 +130,19 @@ class FitOptions(Options):
         "chains are learned apart from the source's other chains (route 'spine@pld^1'), shrunk toward (p_1, p_deeper) "
         "instead of `prior`. The pld tiers are calibrated on the tune split (docs/results.md); {}: every spine starts at `prior`",
     )
+    continuation: bool = Field(
+        True,
+        description="cascade, with shadow: a chain that continues an earlier step's spine still being checked (its "
+        "tokens are that spine's next ones, every one before them committed) is given that spine's route's rates "
+        "from the depth it has reached (p_{K+1}, p_{K+2}, ... after K committed) when its tree is shaped, not a fresh "
+        "chain's from depth 1 (what is learned is unchanged)",
+    )
+    spine_decay: float = Field(
+        0.0, ge=0.0, le=4.0,
+        description="cascade, with source_priors: a tier's deeper spine rates start at a floor that rises with depth, "
+        "miss rate (1 - p_deeper) (2 / d)^spine_decay (a copy that has held longer holds on likelier; calibrated on the "
+        "tune split, docs/results.md); 0: the flat floor p_deeper at every depth",
+    )
     shadow_depth: int = Field(
         64, ge=1,
         description="cascade, with shadow: how many spine depths past the verified spine a step's inner spine is "
@@ -178,7 +191,7 @@ class FitPolicy(TreePolicy):
             self.curve = LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
         # route lead ("pld^0.7", as tier() writes it) -> where that tier's spine rates start
         self._starts = {
-            f"{source}{tier(o.source_priors, source, floor)}": (p1, deeper)
+            f"{source}{tier(o.source_priors, source, floor)}": (p1, deeper, o.spine_decay)
             for source, tiers in o.source_priors.items() for floor, p1, deeper in tiers
         }
         self.acc: Counter = Counter()
@@ -282,6 +295,7 @@ class FitPolicy(TreePolicy):
     def _fit(self, ctx: DraftContext) -> DraftTree | None:
         self._kind = "fitted"
         self._shadow = None
+        self._continued = None
         tree = self.inner.shape(ctx)
         if tree is None or tree.num_nodes < 2:
             return tree
@@ -292,9 +306,17 @@ class FitPolicy(TreePolicy):
         parents = tree.parents
         n = tree.num_nodes
         route, view = _per_source(tree, self.options.source_priors)
-        if self.options.shadow and self.options.estimator == "cascade":
-            self._shadow = (route, _spine_tokens(tree))
-        model = self._model(route) if self.options.estimator == "cascade" else None
+        model = None
+        if self.options.estimator == "cascade":
+            model = self._model(route)
+            spine = _spine_tokens(tree) if self.options.shadow else None
+            if spine and self.options.continuation:
+                self._continued = self._continues(spine)
+            if self._continued is not None:
+                model = self._shifted(model, *self._continued)
+                self.counts["continued_steps"] += 1
+            if spine is not None:
+                self._shadow = (route, spine)
         if model is not None:
             try:
                 prob = model.reach(view).tolist()
@@ -348,6 +370,25 @@ class FitPolicy(TreePolicy):
             self._pending_fitted = self._kind == "fitted"
         return out
 
+    def _continues(self, spine: list[int]) -> tuple[str, int] | None:
+        """(route, K) of the open spine check this step's spine continues (its next unchecked tokens are this
+        spine's first ones, K of its tokens committed so far), the one with the most committed; None if none."""
+        best = None
+        for route, old, i, last in self._open:
+            rest = old[i:last]
+            n = min(len(rest), len(spine))
+            if n and rest[:n] == spine[:n] and (best is None or i > best[1]):
+                best = (route, i)
+        return best
+
+    def _shifted(self, model, route: str, k: int):
+        """``model`` with its spine rates replaced by ``route``'s from depth k + 1 on (a continued chain)."""
+        from goose.theory.model import AcceptanceModel
+
+        base = self._model(route)
+        spine = tuple(base.p(k + d) for d in range(1, max(1, len(base.spine) - k) + 1))
+        return AcceptanceModel(spine, model.branch, model.per_origin, model.spine_origin)
+
     def _may_explore(self, worst: float) -> bool:
         """Explore only if even a total loss of this step keeps exploration within its share."""
         ob = self.observed
@@ -366,8 +407,8 @@ class FitPolicy(TreePolicy):
             )
         return m
 
-    def _tier_prior(self, route: str) -> tuple[float, float] | None:
-        """(p_1, p_deeper) where a confidence tier's spine rates start (``source_priors``); None: ``prior``."""
+    def _tier_prior(self, route: str) -> tuple[float, float, float] | None:
+        """(p_1, p_deeper, spine_decay) where a confidence tier's spine rates start (``source_priors``); None: ``prior``."""
         return self._starts.get(route.partition("@")[2])
 
     def _stale(self, route: str) -> None:
@@ -524,6 +565,7 @@ class FitPolicy(TreePolicy):
             fit_predicted_steps_tokens=c["predicted_steps_tokens"],
             fit_model_misfits=c["model_misfits"],
             fit_shadow_trials=c["shadow_trials"],
+            fit_continued_steps=c["continued_steps"],
             fit_latency_ratio_single=round(self._ratios()[0], 3) if hasattr(self, "_t") else None,
             fit_latency_ratio_tree=round(self._ratios()[1], 3) if hasattr(self, "_t") else None,
             fit_gain_scale=round(self._kappa(), 3),

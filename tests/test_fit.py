@@ -30,9 +30,11 @@ def run(prompt, n, latency, **opts):
     prior=st.sampled_from([0.05, 0.3, 0.9]),
     estimator=st.sampled_from(["cascade", "classes"]),
     tiers=st.sampled_from([None, {}, {"pld": [(0.0, 0.9, 0.99)]}, {"pld": [(1.0, 0.05, 0.5), (0.5, 0.9, 0.9)]}]),
+    continuation=st.booleans(),
 )
-def test_fit_is_lossless(prompt, n, latency, prior, estimator, tiers):
-    run(prompt, n, latency, prior=prior, estimator=estimator, **({} if tiers is None else {"source_priors": tiers}))
+def test_fit_is_lossless(prompt, n, latency, prior, estimator, tiers, continuation):
+    run(prompt, n, latency, prior=prior, estimator=estimator, continuation=continuation,
+        **({} if tiers is None else {"source_priors": tiers}))
 
 
 def test_steep_latency_falls_back_to_plain_decoding():
@@ -420,6 +422,44 @@ def test_hindsight_earns_an_always_right_chain_faster_than_one_depth_per_step():
         d: o.stats.forward_passes for d, o in outs.items()}
 
 
+def test_a_chain_that_continues_an_open_spine_is_shaped_from_the_depth_it_has_reached():
+    """``continuation``: when this step's spine is the next tokens of an earlier spine still being checked
+    (K of its tokens committed, all right), the tree is shaped with that route's p_{K+1}, p_{K+2}, ...;
+    a chain that departs from it, or an exhausted check, is a fresh chain (p_1, p_2, ...)."""
+    from goose.policies.fit import FitOptions, FitPolicy
+
+    pol = FitPolicy(FitOptions(latency=FLAT))
+    c = pol.route_counts["chain@pld"]
+    for d, (t, h) in enumerate([(10, 3), (3, 3), (3, 3), (3, 3), (3, 3), (3, 3)], start=1):
+        c.spine_trials[d], c.spine_hits[d] = t, h
+    old = [11, 12, 13, 14, 15, 16, 17, 18]
+    pol._open = [["chain@pld", old, 2, 8], ["chain@pld", old[4:], 0, 4]]
+    assert pol._continues([13, 14, 15]) == ("chain@pld", 2)  # the check with the most committed wins
+    assert pol._continues([13, 99]) is None  # departs from the earlier spine: a fresh chain
+    assert pol._continues([15, 16, 17, 18]) == ("chain@pld", 0)  # only the second check's next tokens
+    base = pol._model("chain@pld")
+    fresh = pol._model("spine@pld")  # this step's own route: its branches, a fresh chain's spine
+    shifted = pol._shifted(fresh, "chain@pld", 2)
+    assert shifted.p(1) == pytest.approx(base.p(3)) and shifted.p(4) == pytest.approx(base.p(6))
+    assert shifted.p(1) > base.p(1) + 0.3  # p_1 was earned at 3/10, depth 3 at 3/3
+    assert shifted.per_origin == fresh.per_origin and shifted.branch == fresh.branch
+    pol._open = [["chain@pld", old, 8, 8]]  # nothing left to check
+    assert pol._continues([19]) is None
+
+
+def test_continuation_makes_an_always_right_chain_cheaper_and_changes_no_token():
+    def passes(cont):
+        dec = goose.compose(ToyCausalLM(16), None, sources=[_Oracle(), "tr"], policy="spine-fit",
+                            policy_options={"latency": CONCAVE, "continuation": cont}, budget=24)
+        out = dec.generate([3, 1, 4, 1, 5], max_new_tokens=80)
+        assert out.token_ids == reference_greedy([3, 1, 4, 1, 5], 80, 16)
+        return out.stats.forward_passes, out.stats.extra["policy"]["fit_continued_steps"]
+
+    (on, continued), (off, none) = passes(True), passes(False)
+    assert continued > 0 and none == 0
+    assert on < off, (on, off)
+
+
 def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
     from goose.interfaces import Verified
     from goose.policies.fit import FitOptions, FitPolicy
@@ -498,6 +538,36 @@ def test_smoothed_rates_start_a_tier_at_its_calibrated_rates():
     c.spine_hits.update({1: 0})
     m = smoothed(c, prior=0.1, weight=2.0, pool_from=8, ranks=4, start=(0.4, 0.85))
     assert m.p(1) == pytest.approx(0.8 / 12) and m.p(2) == pytest.approx(0.85)  # a miss at depth 1 says nothing deeper
+
+
+def test_a_tiers_floor_rises_with_depth_by_spine_decay():
+    """``start=(a, b, beta)``: the floor of p_d has miss rate (1 - b) (2 / d)^beta; beta 0 is the flat floor b,
+    and an earned rate above the floor still wins. ``FitOptions.spine_decay`` reaches the tiers' models."""
+    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.theory.calibrate import Counts, smoothed, start_floor
+
+    assert start_floor((0.4, 0.9), 8) == pytest.approx(0.9) == start_floor((0.4, 0.9, 0.0), 8)
+    assert start_floor((0.4, 0.9, 1.0), 2) == pytest.approx(0.9)
+    assert start_floor((0.4, 0.9, 1.0), 8) == pytest.approx(1 - 0.1 * 2 / 8)
+    assert start_floor((0.4, 0.9, 0.5), 32) == pytest.approx(1 - 0.1 * (2 / 32) ** 0.5)
+    m = smoothed(Counts(), prior=0.1, weight=2.0, pool_from=32, ranks=4, start=(0.4, 0.9, 0.5))
+    rates = [m.p(d) for d in range(1, 33)]
+    assert rates[0] == pytest.approx(0.4) and rates[1] == pytest.approx(0.9)
+    assert all(b > a for a, b in zip(rates[1:], rates[2:]))  # rising with depth, never flat
+    assert rates[31] == pytest.approx(1 - 0.1 * (2 / 32) ** 0.5)
+    # a miss observed at depth 4 pulls that depth below the floor; deeper ones keep the floor
+    c = Counts()
+    c.spine_trials.update({1: 4, 2: 4, 3: 4, 4: 4})
+    c.spine_hits.update({1: 4, 2: 4, 3: 4, 4: 0})
+    m = smoothed(c, prior=0.1, weight=2.0, pool_from=32, ranks=4, start=(0.4, 0.9, 0.5))
+    assert m.p(4) < 0.5 and m.p(5) == pytest.approx(start_floor((0.4, 0.9, 0.5), 5))
+    flat = FitPolicy(FitOptions(latency=FLAT, spine_decay=0.0))._model("spine@pld^1").spine
+    rising = FitPolicy(FitOptions(latency=FLAT, spine_decay=0.5))._model("spine@pld^1").spine
+    assert flat[0] == rising[0] == pytest.approx(0.7)
+    assert flat[20] == pytest.approx(0.9) and rising[20] == pytest.approx(start_floor((0.7, 0.9, 0.5), 21))
+    assert FitPolicy(FitOptions(latency=FLAT, spine_decay=0.5))._model("spine@pld").spine[20] == pytest.approx(0.1)
+    with pytest.raises(Exception, match="spine_decay"):
+        FitOptions(spine_decay=-1)
 
 
 def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
