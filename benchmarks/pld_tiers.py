@@ -97,6 +97,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+BANDS = ((2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
+
+
+def by_depth(rows: list[dict]) -> str:
+    """Per tier, the rate of depth d given d - 1 in bands of d, over all proposals: does a copy that has
+    held longer hold on likelier? (``FitOptions.spine_decay``: a floor rising with depth.)"""
+    out = ["| pld confidence tier | " + " | ".join(f"p_d, d {a}-{b}" if a != b else f"p_{a}" for a, b in BANDS) + " |",
+           "|---" * (len(BANDS) + 1) + "|"]
+    for _, label in TIERS:
+        rs = [r for r in rows if tier_of(r["confidence"]) == label]
+        cells = []
+        for lo, hi in BANDS:
+            t = h = 0
+            for r in rs:
+                for d in range(lo, min(hi, r["n"], r["left"]) + 1):
+                    if r["accepted"] >= d - 1:
+                        t += 1
+                        h += r["accepted"] >= d
+            cells.append(f"{h / t:.3f} ({t})" if t else "-")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -131,6 +154,8 @@ def main(argv=None) -> int:
         per[r["dataset"]] += 1
     print(f"pld proposals along greedy outputs: {len(rows)} ({dict(per)})")
     print(table(rows))
+    print()
+    print(by_depth(rows))
     return 0
 
 
