@@ -8,7 +8,9 @@ from this generation's verified trees (:func:`goose.theory.calibrate.count_step`
 prior by :func:`goose.theory.calibrate.smoothed`; one set of rates per route, since a bypass
 chain is drafted only when the context match is confident, the bypass route's rates shrunk toward what
 its lead source earned on the other routes, ``pool_routes``; the spine depths the fit cut are
-checked in hindsight against the tokens later steps commit, ``shadow`` and ``shadow_depth``). It keeps the subtree that maximises
+checked in hindsight against the tokens later steps commit, ``shadow`` and ``shadow_depth``; a
+chain that continues such a spine, its earlier tokens all committed, is shaped with the rates from
+the depth it has reached, ``continuation``). It keeps the subtree that maximises
 expected tokens per second:
 
     (1 + sum of the kept nodes' acceptance probabilities) / t(kept nodes + 1)
@@ -140,8 +142,8 @@ class FitOptions(Options):
     spine_decay: float = Field(
         0.0, ge=0.0, le=4.0,
         description="cascade, with source_priors: a tier's deeper spine rates start at a floor that rises with depth, "
-        "miss rate (1 - p_deeper) (2 / d)^spine_decay (a copy that has held longer holds on likelier; calibrated on the "
-        "tune split, docs/results.md); 0: the flat floor p_deeper at every depth",
+        "miss rate (1 - p_deeper) (2 / d)^spine_decay (on the tune split a copy that has held longer holds on likelier, "
+        "but 0.35 and 0.7 lost to 0 there: docs/results.md); 0: the flat floor p_deeper at every depth",
     )
     shadow_depth: int = Field(
         64, ge=1,
@@ -295,7 +297,6 @@ class FitPolicy(TreePolicy):
     def _fit(self, ctx: DraftContext) -> DraftTree | None:
         self._kind = "fitted"
         self._shadow = None
-        self._continued = None
         tree = self.inner.shape(ctx)
         if tree is None or tree.num_nodes < 2:
             return tree
@@ -310,10 +311,9 @@ class FitPolicy(TreePolicy):
         if self.options.estimator == "cascade":
             model = self._model(route)
             spine = _spine_tokens(tree) if self.options.shadow else None
-            if spine and self.options.continuation:
-                self._continued = self._continues(spine)
-            if self._continued is not None:
-                model = self._shifted(model, *self._continued)
+            continued = self._continues(spine) if spine and self.options.continuation else None
+            if continued is not None:
+                model = self._shifted(model, *continued)
                 self.counts["continued_steps"] += 1
             if spine is not None:
                 self._shadow = (route, spine)
