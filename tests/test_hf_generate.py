@@ -18,7 +18,7 @@ import goose
 from goose.tools import datasets, models
 
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
-NEW = 48
+NEW = 32
 
 
 @pytest.fixture(scope="module")

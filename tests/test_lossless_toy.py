@@ -5,7 +5,7 @@ that the same property then fails: the property can catch a one-token bug.
 """
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import goose
@@ -13,6 +13,8 @@ import goose.tree
 from goose.testing import ArbitraryTreeSource, ToyCausalLM, reference_greedy
 from goose.testing.kit import ArbitraryTreeOptions
 from goose.verifiers.greedy import GreedyTreeVerifier
+
+NO_SHRINK = (Phase.explicit, Phase.generate)  # fault tests need a failing case, not the smallest one
 
 V = 16
 
@@ -99,7 +101,7 @@ def _property_fails() -> BaseException | None:
     """Run the property; return the failure it finds (None if none). Prints how many cases it took."""
     tried = {"n": 0, "first_failure": None}
 
-    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=200, deadline=None, database=None, phases=NO_SHRINK, suppress_health_check=list(HealthCheck))
     @given(cases)
     def prop(c):
         tried["n"] += 1

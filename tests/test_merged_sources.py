@@ -11,7 +11,7 @@ search fails when the tree mask leaks between the merged chains.
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import goose
@@ -19,6 +19,8 @@ import goose.tree
 from goose.policies.merge import Drafted, SourceRates, merge, rank
 from goose.testing import ToyCausalLM, reference_greedy
 from goose.tree import DraftTree
+
+NO_SHRINK = (Phase.explicit, Phase.generate)  # fault tests need a failing case, not the smallest one
 
 V = 16
 FLAT = {"latency": {1: 1.0, 64: 1.0}}
@@ -213,7 +215,7 @@ def test_fault_mask_leak_between_merged_chains_is_caught(monkeypatch):
     monkeypatch.setattr(goose.tree, "additive_mask", leaky)
     failed = None
 
-    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=200, deadline=None, database=None, phases=NO_SHRINK, suppress_health_check=list(HealthCheck))
     @given(merged_cases)
     def prop(c):
         run_merged(c)

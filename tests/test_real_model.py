@@ -15,7 +15,7 @@ import goose
 from goose.tools import datasets, models
 
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
-MAX_NEW = int(os.environ.get("GOOSE_REAL_MAX_NEW", "96"))
+MAX_NEW = int(os.environ.get("GOOSE_REAL_MAX_NEW", "64"))
 
 CONFIGS = {
     "greedy": {"sources": [], "policy": "greedy"},
