@@ -29,6 +29,12 @@ FULL_SIZES = (*range(1, 65), 80, 96, 128)
 COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
 CURVE_VERSION = 6  # bump when the measuring method changes: cached curves are measured anew
+# A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
+# forms): machines with the same CPU name and flags differ in speed (virtual machines on other hosts)
+# and in which linear-layer form is fastest, and a curve measured under load misleads the fit
+CHECK_SIZES = (1, 4)
+CHECK_TOLERANCE = 1.3  # now / cached beyond this factor, either way: measured anew
+_checked: set[str] = set()  # cache files checked (or measured) in this process
 
 log = logging.getLogger("goose")
 
@@ -145,6 +151,52 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GOOSE_CACHE", Path.home() / ".cache" / "goose")) / "latency"
 
 
+class _Timer:
+    """Tree passes of n chain tokens over a fixed cache of up to ``past_len`` tokens, timed as the
+    verifier runs them (its mask, position ids and linear-layer form); the cache is cropped back after
+    each pass."""
+
+    def __init__(self, model, setup: dict | None, past_len: int, budget_s: float):
+        import torch
+
+        from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+
+        self.v = v = GreedyTreeVerifier(TreeVerifierOptions(gqa=_setup(setup).get("gqa", True)))
+        v.bind(model)
+        self.g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, v.vocab_size, (past_len,), generator=self.g)
+        # the cache the sizes are timed over: past_len tokens, or fewer where that prefill alone would
+        # spend a fifth of the budget (256 tokens take 20 s for a 1.5B model in bfloat16 with AVX2 kernels)
+        probe = min(32, past_len)
+        t0 = time.perf_counter()
+        v.prefill(prompt[:probe], keep=1)
+        per_token = (time.perf_counter() - t0) / probe
+        if past_len > probe:
+            past = max(probe, min(past_len, int(0.2 * budget_s / max(per_token, 1e-9))))
+            if past > probe:
+                v.prefill(prompt[:past], keep=1)  # a fresh cache
+        self.trees: dict = {}
+
+    def once(self, n: int, form: str | None = None) -> float:
+        import torch
+
+        from goose.tree import DraftTree
+
+        v, tree = self.v, self.trees.get(n)
+        if tree is None:
+            toks = torch.randint(0, v.vocab_size, (n,), generator=self.g).tolist()
+            tree = self.trees[n] = DraftTree.from_chain(toks[0], toks[1:], "x")
+        mask = tree.attention_mask(v.past_len, dtype=v.dtype, device=v.device) if n > 1 else None
+        pos = tree.position_ids(v.past_len, device=v.device)
+        ids = torch.tensor([tree.tokens], device=v.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            v._forward(ids, mask, pos, form=form)
+        dt = time.perf_counter() - t0
+        v.cache.crop(-n)
+        return dt
+
+
 def measure(
     model,
     sizes=SIZES,
@@ -175,48 +227,13 @@ def measure(
     row counts (:func:`_measure_head`): what the prefill's extra logit rows cost. ``progress(text)``
     is called as it goes.
     """
-    import torch
-
-    from goose.tree import DraftTree
-    from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
-
     t_start = time.perf_counter()
-    v = GreedyTreeVerifier(TreeVerifierOptions(gqa=_setup(setup).get("gqa", True)))
-    v.bind(model)
-    vocab = v.vocab_size
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (past_len,), generator=g)
-    # the cache the sizes are timed over: past_len tokens, or fewer where that prefill alone would
-    # spend a fifth of the budget (256 tokens take 20 s for a 1.5B model in bfloat16 with AVX2 kernels)
-    probe = min(32, past_len)
-    t0 = time.perf_counter()
-    v.prefill(prompt[:probe], keep=1)
-    per_token = (time.perf_counter() - t0) / probe
-    if past_len > probe:
-        past = max(probe, min(past_len, int(0.2 * budget_s / max(per_token, 1e-9))))
-        if past > probe:
-            v.prefill(prompt[:past], keep=1)  # a fresh cache
-    sizes = sorted(set(int(n) for n in sizes))
-    trees = {}
-    for n in sizes:
-        toks = torch.randint(0, vocab, (n,), generator=g).tolist()
-        trees[n] = DraftTree.from_chain(toks[0], toks[1:], "x")
-
     from goose.verifiers import skinny as skinny_mod
     from goose.verifiers.skinny import MAX_ROWS
 
-    def once(n: int, form: str | None = None) -> float:
-        tree = trees[n]
-        mask = tree.attention_mask(v.past_len, dtype=v.dtype, device=v.device) if n > 1 else None
-        pos = tree.position_ids(v.past_len, device=v.device)
-        ids = torch.tensor([tree.tokens], device=v.device)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            v._forward(ids, mask, pos, form=form)
-        dt = time.perf_counter() - t0
-        v.cache.crop(-n)
-        return dt
-
+    timer = _Timer(model, setup, past_len, budget_s)
+    v, once = timer.v, timer.once
+    sizes = sorted(set(int(n) for n in sizes))
     # the forms of the linear layers the verifier may use are timed against stock
     forms = []
     if compare_linear and v._linears:
@@ -271,12 +288,33 @@ def measure(
             times[n].append(once(n, form[n]))
         say(f"round {r + 1}/{repeats} ({time.perf_counter() - t_start:.1f} s)")
     med = [statistics.median(times[n]) for n in kept]
-    head = _measure_head(model, v, med[0], say, t_start, g) if measure_head else ()
+    head = _measure_head(model, v, med[0], say, t_start, timer.g) if measure_head else ()
     v.end()
     if "packed" not in form.values():  # the packs are memory the verifier will not read
         skinny_mod.release_packs(v._linears)
     return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n] == "skinny"), head,
                         tuple(n for n in kept if form[n] == "packed"))
+
+
+def check(model, curve: LatencyCurve, setup: dict | None = None, tolerance: float = CHECK_TOLERANCE,
+          sizes=CHECK_SIZES, past_len: int = 256, budget_s: float = 25.0) -> list[tuple[int, float, float]]:
+    """Time ``sizes`` on this machine as the curve says the verifier runs them (each size's form);
+    return ``(n, cached seconds, seconds now)`` for each size off by more than ``tolerance`` either
+    way (empty: the curve holds here). The median of three passes after an untimed one (which also
+    makes the packed weights where the curve uses them)."""
+    timer = _Timer(model, setup, past_len, budget_s)
+    off = []
+    try:
+        for n in sizes:
+            form = {"stock": None}.get(curve.form(n), curve.form(n))
+            timer.once(n, form)
+            now = statistics.median(timer.once(n, form) for _ in range(3))
+            then = curve(n)
+            if not (then / tolerance <= now <= then * tolerance):
+                off.append((n, then, now))
+    finally:
+        timer.v.end()
+    return off
 
 
 HEAD_ROWS = (1, 8, 32, 128, 256)
@@ -362,7 +400,8 @@ def cached_curve(model, setup: dict | None = None) -> LatencyCurve | None:
         return None
 
 
-def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | None = None, **measure_kw) -> LatencyCurve:
+def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | None = None, check_cached: bool = True,
+              **measure_kw) -> LatencyCurve:
     """The cached curve for this (model, dtype, device, threads), measured on first use.
 
     ``setup`` holds the verifier's kernel options (``linear``, ``gqa``): ``linear="stock"`` measures
@@ -370,18 +409,35 @@ def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | 
     to reroute, and ``gqa=False`` one whose tree passes copy grouped key/value heads as transformers
     does; otherwise the curve of the fastest form per size that ``linear="auto"`` runs.
     Measuring prints a progress line on stderr (and logs it to the ``goose`` logger);
-    ``goose calibrate`` does it ahead of time.
+    ``goose calibrate`` does it ahead of time. With ``check_cached``, a cached curve is checked once
+    per process (:func:`check`: sizes 1 and 4 timed now) and measured anew, with a warning, where
+    it is off by more than ``CHECK_TOLERANCE``: another machine under the same CPU name, or a curve
+    measured under load.
     """
     setup = _setup(setup)
     if setup.get("linear") == "stock":
         measure_kw["compare_linear"] = False
     measure_kw["setup"] = setup
     path = curve_path(model, setup)
+    say, done = _progress_printer(describe(model))
     if use_cache and not force:
         cached = cached_curve(model, setup)
         if cached is not None:
-            return cached
-    say, done = _progress_printer(describe(model))
+            if not check_cached or str(path) in _checked:
+                return cached
+            off = check(model, cached, setup, past_len=measure_kw.get("past_len", 256),
+                        budget_s=min(25.0, measure_kw.get("budget_s", 25.0)))
+            if not off:
+                _checked.add(str(path))
+                return cached
+            line = (
+                f"goose: the cached forward latency curve for {describe(model)} does not hold on this machine ("
+                + ", ".join(f"t({n}) {1000 * a:.1f} ms cached, {1000 * b:.1f} ms now" for n, a, b in off)
+                + f"; {path}): measuring it anew"
+            )
+            log.info(line)  # the same line on stderr, as a measurement's progress is
+            sys.stderr.write(line + "\n")
+    _checked.add(str(path))
     t0 = time.perf_counter()
     curve = measure(model, progress=say, **measure_kw)
     done(

@@ -105,6 +105,45 @@ def test_measure_keeps_to_its_time_budget_on_a_slow_steep_model(monkeypatch):
     assert c(64) == pytest.approx(64 * c(1), rel=0.05)  # extended in proportion
 
 
+def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monkeypatch, capsys):
+    """The cache key names the CPU, not its speed: a curve cached on a faster machine under the same
+    CPU name (or measured under load) is checked once per process and measured anew where it is off."""
+    import goose.latency as lat
+
+    clock, rate = {"t": 0.0}, {"s": 0.002}
+
+    class Clocked(ToyCausalLM):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
+            clock["t"] += rate["s"] * input_ids.shape[1]
+            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
+
+    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    model = Clocked(16)
+    kw = dict(sizes=(1, 2, 4, 8), past_len=8, repeats=1, measure_head=False)
+    first = curve_for(model, **kw)
+    assert first(1) == pytest.approx(0.002) and first(4) == pytest.approx(0.008)
+    capsys.readouterr()
+    lat._checked.clear()  # a new process, same machine: the check passes, the cached curve is kept
+    assert curve_for(model, **kw) == first
+    assert "does not hold" not in capsys.readouterr().err
+    assert lat.check(model, first, past_len=8) == []
+    rate["s"] = 0.004  # another machine, twice as slow
+    off = lat.check(model, first, past_len=8)
+    assert [n for n, _, _ in off] == [1, 4] and off[0][2] == pytest.approx(0.004)
+    assert curve_for(model, **kw) == first  # checked once per process: this one already was
+    lat._checked.clear()
+    second = curve_for(model, **kw)
+    err = capsys.readouterr().err
+    assert "does not hold on this machine (t(1) 2.0 ms cached, 4.0 ms now, t(4) 8.0 ms cached, 16.0 ms now" in err
+    assert second(1) == pytest.approx(0.004) and lat.cached_curve(model) == second  # measured and cached
+    rate["s"] = 0.0045  # 1.125x: within the tolerance, kept
+    lat._checked.clear()
+    assert curve_for(model, **kw) == second
+    rate["s"] = 0.002
+    lat._checked.clear()
+    assert curve_for(model, check_cached=False, **kw) == second  # not checked: kept although off
+
+
 def test_fit_refuses_to_wrap_itself():
     with pytest.raises(goose.InvalidInputError, match="cannot wrap itself"):
         goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="fit", policy_options={"inner": "spine-fit"})
