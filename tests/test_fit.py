@@ -101,8 +101,32 @@ def test_measure_keeps_to_its_time_budget_on_a_slow_steep_model(monkeypatch):
     lines = []
     c = measure(model, past_len=8, repeats=3, stop_ratio=100.0, progress=lines.append)  # the ratio never stops it
     assert clock["t"] <= 25.0  # the budget (the issue's limit for first use is 30 s)
-    assert 4 <= c.sizes[-1] < 16 and any("time budget reached" in x for x in lines)
-    assert c(64) == pytest.approx(64 * c(1), rel=0.05)  # extended in proportion
+    walked = [n for n in c.sizes if n < 32]
+    assert 4 <= walked[-1] < 16 and any("time budget reached" in x for x in lines)
+    assert set(c.sizes) - set(walked) <= {32}  # an anchor only where the budget allowed it
+    assert c(64) == pytest.approx(64 * c(1), rel=0.05)  # in proportion, as this toy's cost is
+
+
+def test_a_budget_stopped_curve_times_larger_anchor_sizes_instead_of_extending_in_proportion(monkeypatch):
+    """A forward with a large fixed cost (1 s, plus 20 ms a token: a big model whose weights are read
+    once per pass): the walk stops early for the budget, and sizes 32 and 64 are timed once, so a
+    48-token chain is priced near its real 1.96 s, not the 7.8 s a proportional extension gives."""
+    import goose.latency as lat
+
+    clock = {"t": 0.0}
+
+    class Fixed(ToyCausalLM):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
+            clock["t"] += 1.0 + 0.02 * input_ids.shape[1]
+            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
+
+    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    lines = []
+    c = measure(Fixed(16), past_len=8, repeats=3, progress=lines.append, measure_head=False)
+    assert clock["t"] <= 25.0
+    assert c.sizes[-1] == 64 and 32 in c.sizes and max(n for n in c.sizes if n < 32) < 16
+    assert c(48) == pytest.approx(1.96, rel=0.02)
+    assert any("then sizes 32, 64" in x for x in lines)
 
 
 def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monkeypatch, capsys):
