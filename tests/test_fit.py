@@ -168,6 +168,26 @@ def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monk
     assert curve_for(model, check_cached=False, **kw) == second  # not checked: kept although off
 
 
+def test_one_stall_does_not_end_the_walk_over_sizes(monkeypatch):
+    """A forward that stalls once (20x its time: another process on a 2-core machine) at size 6 is
+    timed again before it may stop the walk at ``stop_ratio``: the curve still reaches size 24."""
+    import goose.latency as lat
+
+    clock, calls = {"t": 0.0}, {"n6": 0}
+
+    class Stalls(ToyCausalLM):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
+            n = input_ids.shape[1]
+            calls["n6"] += n == 6
+            clock["t"] += 0.01 * (1 + 0.05 * n) * (20 if n == 6 and calls["n6"] == 1 else 1)
+            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
+
+    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    c = measure(Stalls(16), sizes=range(1, 25), past_len=8, repeats=1, measure_head=False)
+    assert c.sizes[-1] == 24 and c(6) == pytest.approx(0.013)
+    assert calls["n6"] == 2  # timed twice in round 1
+
+
 def test_fit_refuses_to_wrap_itself():
     with pytest.raises(goose.InvalidInputError, match="cannot wrap itself"):
         goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="fit", policy_options={"inner": "spine-fit"})
