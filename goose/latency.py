@@ -331,7 +331,7 @@ def check(model, curve: LatencyCurve, setup: dict | None = None, tolerance: floa
     off = []
     try:
         for n in sizes:
-            form = {"stock": None}.get(curve.form(n), curve.form(n))
+            form = None if curve.form(n) == "stock" else curve.form(n)  # as measure() passes it to once()
             timer.once(n, form)
             now = statistics.median(timer.once(n, form) for _ in range(3))
             then = curve(n)
@@ -435,7 +435,7 @@ def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | 
     does; otherwise the curve of the fastest form per size that ``linear="auto"`` runs.
     Measuring prints a progress line on stderr (and logs it to the ``goose`` logger);
     ``goose calibrate`` does it ahead of time. With ``check_cached``, a cached curve is checked once
-    per process (:func:`check`: sizes 1 and 4 timed now) and measured anew, with a warning, where
+    per process (:func:`check`: sizes 1 and 4 timed now) and measured anew, with a line on stderr, where
     it is off by more than ``CHECK_TOLERANCE``: another machine under the same CPU name, or a curve
     measured under load.
     """
@@ -444,7 +444,6 @@ def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | 
         measure_kw["compare_linear"] = False
     measure_kw["setup"] = setup
     path = curve_path(model, setup)
-    say, done = _progress_printer(describe(model))
     if use_cache and not force:
         cached = cached_curve(model, setup)
         if cached is not None:
@@ -463,6 +462,7 @@ def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | 
             log.info(line)  # the same line on stderr, as a measurement's progress is
             sys.stderr.write(line + "\n")
     _checked.add(str(path))
+    say, done = _progress_printer(describe(model))
     t0 = time.perf_counter()
     curve = measure(model, progress=say, **measure_kw)
     done(
