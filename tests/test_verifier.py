@@ -46,3 +46,28 @@ def test_top1_is_argmax_with_ties(dtype):
     x[0, 7] = x[0, 3] = x[0].max() + 1  # an exact tie on row 0
     assert top1(x) == tuple(x.float().argmax(-1).tolist())
     assert top1(x)[0] == 3
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("vocab", [5, 4099, 262_144])
+def test_top1_equals_argmax_on_edge_values(threads, vocab):
+    """``max(-1).indices`` is the walk's argmax: equal to ``argmax`` on ties, NaN, infinities, rows of -inf
+    and strided views, at a small, an odd and Gemma-3's vocabulary size, on one thread and two."""
+    from goose.verifiers.greedy import top1
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(vocab)
+        x = torch.randint(0, 3, (9, vocab), generator=g).float()  # ties everywhere
+        x[1] = torch.randn(vocab, generator=g)
+        x[2, vocab // 2] = float("nan")
+        x[3, -1] = x[3, 0] = float("inf")
+        x[4] = float("-inf")
+        x[5] = 1.5
+        x[6, torch.randperm(vocab, generator=g)[: max(1, vocab // 100)]] = float("nan")
+        x[7, vocab - 1] = 3.0  # the maximum at the last index
+        for view in (x, x[:, : vocab - 1] if vocab > 1 else x, x[::2], x.to(torch.bfloat16)):
+            assert top1(view) == tuple(view.argmax(-1).tolist()), view.dtype
+    finally:
+        torch.set_num_threads(old)

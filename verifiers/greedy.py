@@ -467,13 +467,12 @@ def input_device(model, default: torch.device) -> torch.device:
 def top1(logits: torch.Tensor) -> tuple[int, ...]:
     """Each row's argmax (first index among equal maxima, as ``argmax`` and transformers' greedy).
 
-    For 16-bit logits ``max(-1).indices`` is used: the same indices (ties included), while
-    ``argmax`` on bfloat16 runs a slow path on CPU (measured ~20 ms for 60 x 49,152 logits on
-    one thread, against ~2.5 ms).
+    Computed as ``max(-1).indices``: the same indices as ``argmax`` (ties, NaN and infinities
+    included; tests/test_verifier.py), in less time on CPU: float32 rows of Gemma-3's 262,144
+    logits, 4.6 ms for 16 rows against 1.4 ms on two AMX Xeon cores (measured 2026-12-03); on
+    bfloat16 ``argmax`` runs a slow path (~20 ms for 60 x 49,152 logits on one thread, against ~2.5 ms).
     """
-    if logits.dtype in (torch.bfloat16, torch.float16):
-        return tuple(logits.max(-1).indices.tolist())
-    return tuple(logits.argmax(-1).tolist())
+    return tuple(logits.max(-1).indices.tolist())
 
 
 def walk(tree: DraftTree, argmax) -> tuple[int, ...]:
