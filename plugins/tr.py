@@ -12,7 +12,7 @@ Two tiers (section 5 of docs/goose-algorithm.md):
   :attr:`TokenTable.scores`).
 - **bigram**: ``(previous token, token) -> top-K``, consulted first (option ``bigram``).
 
-The harvest after each pass is vectorised: one ``topk`` over the ``[n, vocab]`` logits, one
+The harvest after each pass is vectorised: one top-k over the ``[n, vocab]`` logits (:func:`topk_rows`), one
 softmax over ``[n, K]``, one indexed write per tensor. Last write wins: when a token occurs at
 several positions of one pass, its row holds the statistics of the **last** of them (the
 positions are deduplicated before the indexed write, because an indexed write with repeated
@@ -101,7 +101,7 @@ class TokenTable:
         x = logits[:n, : self.vocab_size]
         if x.dtype in (torch.bfloat16, torch.float16):
             x = x.float()  # topk on 16-bit logits is slower on CPU than upcasting first
-        vals, idx = torch.topk(x, k, dim=-1)  # [n, k]
+        vals, idx = topk_rows(x, k)  # [n, k]
         probs = torch.softmax(vals.float(), dim=-1)
         probs = torch.nan_to_num(probs, nan=0.0, posinf=1.0, neginf=0.0)
         idx_l = idx.tolist()
@@ -120,6 +120,26 @@ class TokenTable:
         dest = torch.tensor(list(last.keys()), dtype=torch.long)
         self.ids[dest, :k] = idx.index_select(0, keep.to(idx.device)).cpu()
         self.scores[dest, :k] = probs.index_select(0, keep.to(probs.device)).cpu()
+
+
+def topk_rows(x: torch.Tensor, k: int, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(x, k, dim=-1)`` of a ``[n, vocab]`` matrix in two passes: the maximum of each block of
+    ``block`` columns, then the exact top-k among the columns of the k best blocks (and the tail that
+    fills no block). The row's k largest values lie in those blocks (a value outside them is exceeded by
+    k block maxima), so values are topk's; among equal values the indices may differ. The first pass
+    reads the row once in a vectorised reduction: 16 rows of Gemma-3's 262,144 logits in float32 took
+    0.7 ms against topk's 4.9 ms on two AMX Xeon cores (measured 2026-12-03)."""
+    n, vocab = x.shape
+    nb = vocab // block
+    if nb < 4 * k:
+        return torch.topk(x, k, dim=-1)
+    main = nb * block
+    best = torch.topk(x[:, :main].reshape(n, nb, block).amax(-1), k, dim=-1).indices  # [n, k] blocks
+    cols = (best.unsqueeze(-1) * block + torch.arange(block, device=x.device)).reshape(n, k * block)
+    if main < vocab:
+        cols = torch.cat([cols, torch.arange(main, vocab, device=x.device).expand(n, vocab - main)], dim=1)
+    vals, pos = torch.topk(x.gather(1, cols), k, dim=-1)
+    return vals, cols.gather(1, pos)
 
 
 class TRSource(DraftSource):

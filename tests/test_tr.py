@@ -230,3 +230,22 @@ class TestTRLosslessSpineNoBigram(SourceLosslessnessKit):
 
     def make_source(self):
         return ("tr", {"bigram": False, "k": 4})
+
+
+@pytest.mark.parametrize("vocab,block", [(50, 256), (4096, 256), (49_152, 256), (151_936, 256), (262_144, 256), (10_007, 64)])
+def test_blocked_topk_equals_torch_topk(vocab, block):
+    """The harvest's two-pass top-k gives torch.topk's values, and its indices where values are distinct, with a
+    vocabulary that fills no block (fallback), whole blocks, and a tail outside the blocks (151,936 = 593 x 256 + 128)."""
+    from goose.plugins.tr import topk_rows
+
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(13, vocab, generator=g)
+    x[3, -5:] = 10.0 + torch.arange(5.0)  # the best values in the tail
+    x[4, :] = -1.0
+    x[4, 7] = 2.0  # one block holds the top value, the rest tie
+    for k in (1, 4, 10):
+        got, want = topk_rows(x, k, block), torch.topk(x, k, dim=-1)
+        assert torch.equal(got[0], want.values)
+        distinct = [r for r in range(13) if r != 4]
+        assert torch.equal(got[1][distinct], want.indices[distinct])
+        assert int(got[1][4, 0]) == 7
