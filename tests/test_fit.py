@@ -369,27 +369,39 @@ def test_the_curve_is_keyed_by_the_cpu_and_its_kernel_limits(monkeypatch):
     assert latency._key(model) not in (base, limited)
 
 
+def test_head_rows_pads_to_the_cheapest_measured_count():
+    """A head whose GEMM is slow from 4 to 15 rows and fast at 16 (Gemma-3-270M's on an AMX Xeon)."""
+    c = LatencyCurve((1,), (0.1,), (), ((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
+    assert [c.head_rows(k) for k in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 32)] == [1, 2, 4, 4, 16, 16, 16, 16, 16, 32, 32]  # a tie: fewer rows
+    assert c.head_rows(33) == 33 and c.head_rows(200) == 200  # past the last measured count: as asked
+    assert LatencyCurve((1,), (0.1,)).head_rows(7) == 7  # not measured: as asked
+    # the allowance counts what is run: 16 rows (80 ms) fit where 8 (125 ms) would not
+    assert c.head_rows_within(0.05) == 16 and c.head_rows_within(0.02) == 2
+
+
 def test_head_rows_within_an_allowance():
     c = LatencyCurve((1, 2), (0.2, 0.4), (), ((1, 0.01), (8, 0.08), (32, 0.32)))  # 10 ms a row
-    assert c.head_rows_within(0.2) == 21 and c.head_rows_within(0.05) == 6 and c.head_rows_within(0.0) == 1
+    # up to the last measured count, only measured counts (a count between is run padded to one)
+    assert c.head_rows_within(0.2) == 8 and c.head_rows_within(0.05) == 1 and c.head_rows_within(0.0) == 1
+    assert c.head_rows_within(0.31) == 32
     assert c.head_rows_within(1.0) == 101  # past the last measured count: in proportion
     assert LatencyCurve((1,), (0.2,)).head_rows_within(1.0) is None  # not measured: no limit
     assert LatencyCurve.from_dict(c.to_dict()) == c
 
 
-@pytest.mark.parametrize("per_row,rows", [(0.1, 3), (1e-6, 200)])
+@pytest.mark.parametrize("per_row,rows", [(0.1, 2), (1e-6, 200)])
 def test_fit_keeps_the_prefill_logit_rows_within_one_plain_step(monkeypatch, per_row, rows):
     """A costly LM head row (an AVX2-only CPU in bfloat16): the prefill computes only what one step pays for."""
     import goose.latency as lat
 
-    curve = LatencyCurve((1, 2, 4), (0.2, 0.4, 0.8), (), ((1, 0.01), (8, 0.01 + 7 * per_row), (32, 0.01 + 31 * per_row)))
+    curve = LatencyCurve((1, 2, 4), (0.2, 0.4, 0.8), (), tuple((r, 0.01 + (r - 1) * per_row) for r in (1, 2, 4, 8, 32)))
     monkeypatch.setattr(lat, "curve_for", lambda model, **kw: curve)
     model = ToyCausalLM(16)
     dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit")
     prompt = [(i * 7 + i // 5) % 16 for i in range(200)]
     out = dec.generate(prompt, max_new_tokens=30)
     assert out.token_ids == reference_greedy(prompt, 30, 16)
-    assert out.stats.extra["prefill_logit_rows"] == rows  # 0.2 s / 0.1 s a row -> 1 + 2 rows; cheap: TR's 200
+    assert out.stats.extra["prefill_logit_rows"] == rows  # 0.2 s, 0.1 s a row -> 2 rows (measured counts); cheap: TR's 200
     off = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", policy_options={"prefill_steps": None})
     assert off.generate(prompt, max_new_tokens=4).stats.extra["prefill_logit_rows"] == 200
 

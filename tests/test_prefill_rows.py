@@ -135,3 +135,38 @@ def test_the_deferred_rows_are_timed_as_prefill_not_as_the_sources_harvest(monke
     assert t["observe"] < 0.25, t
     timed = t["draft"] + t["observe"] + vt["prefill_forward"] + vt["forward"]
     assert timed <= t["total"], (timed, t, vt)
+
+
+class _Rows(torch.nn.Module):
+    """The model's own head, recording how many rows each call computes."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head, self.calls = head, []
+
+    def forward(self, x):
+        self.calls.append(x.shape[-2])
+        return self.head(x)
+
+
+@pytest.mark.parametrize("keep,run", [(10, 16), (16, 16), (3, 4), (40, 40)])
+def test_deferred_rows_run_at_the_cheapest_measured_row_count(monkeypatch, keep, run):
+    """A head measured slow from 4 to 15 rows and fast at 16 (Gemma-3-270M's on an AMX Xeon): 10 wanted rows
+    are computed as 16 and sliced; past the last measured count, as asked. The rows equal the unpadded ones."""
+    import goose.latency as lat
+    from goose.latency import LatencyCurve
+
+    curve = LatencyCurve((1,), (0.1,), (), ((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
+    monkeypatch.setattr(lat, "cached_curve", lambda model, setup=None: curve)
+    model, ids = _tiny_llama(), _prompt()
+    eager = _verifier(model, defer_prefill_rows=False).prefill(ids, keep=keep)
+    v = _verifier(model)
+    spy = _Rows(model.get_output_embeddings())
+    monkeypatch.setattr(model, "get_output_embeddings", lambda: spy)
+    v.prefill(ids, keep=keep)
+    rows = v.prefill_rows()
+    assert spy.calls[-1] == run and v.timers["prefill_head_rows"] == run
+    assert rows.logits.shape[0] == keep == v.timers["prefill_logit_rows"]
+    assert rows.tokens.tolist() == ids[-keep:].tolist()
+    torch.testing.assert_close(rows.logits, eager.logits, rtol=1e-9, atol=1e-9)
+    assert rows.argmax == eager.argmax

@@ -202,11 +202,14 @@ class GreedyTreeVerifier(Verifier):
         """Each tree size's form, from the cached latency calibration ("auto"); the packed weights
         are made here, at the prefill, so that no tree pass pays for packing."""
         forms: dict[int, str] = {}
-        if self._linears and self.options.linear == "auto":
+        self._head_curve = None
+        if self.options.linear == "auto":
             from goose.latency import cached_curve
 
             curve = cached_curve(self.model, self.setup())
-            if curve is not None:
+            if curve is not None and curve.head:
+                self._head_curve = curve  # the deferred prefill rows are run at its cheapest measured count
+            if curve is not None and self._linears:
                 forms.update({k: "skinny" for k in curve.skinny})
                 if curve.packed and skinny.packed_available(self._linears, self.options.pack_limit_mib):
                     forms.update({k: "packed" for k in curve.packed})
@@ -327,7 +330,12 @@ class GreedyTreeVerifier(Verifier):
         if head is None:
             return None
         t0 = time.perf_counter()
-        logits = head(hidden.unsqueeze(0))[0]
+        k = hidden.shape[0]
+        c = getattr(self, "_head_curve", None)
+        rows = c.head_rows(k) if c is not None else k
+        if rows > k:  # padded to the measured row count that costs least (LatencyCurve.head_rows); sliced off
+            hidden = torch.cat([hidden, hidden.new_zeros(rows - k, hidden.shape[1])])
+        logits = head(hidden.unsqueeze(0))[0, :k]
         if cap:
             logits = torch.tanh(logits / cap) * cap
         logits = logits.to(last.dtype)
@@ -337,6 +345,7 @@ class GreedyTreeVerifier(Verifier):
             self._defer_failed = True
             return None
         self.timers["prefill_logit_rows"] = int(logits.shape[0])
+        self.timers["prefill_head_rows"] = rows
         return Verified("prefill", tokens, prev, logits, top1(logits), bonus=None, walk="greedy" if self.rule is None else self.rule.kind)
 
     @torch.inference_mode()
