@@ -30,7 +30,7 @@ COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
 # where the time budget stops the walk over SIZES, these larger sizes are still timed once if it allows
 ANCHORS = (32, 64)
-CURVE_VERSION = 8  # bump when the measuring method changes: cached curves are measured anew
+CURVE_VERSION = 9  # bump when the measuring method changes: cached curves are measured anew
 # A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
 # forms): machines with the same CPU name and flags differ in speed (virtual machines on other hosts)
 # and in which linear-layer form is fastest, and a curve measured under load misleads the fit
@@ -68,34 +68,51 @@ class LatencyCurve:
         """``[t(0)=0, t(1), ..., t(n_max)]`` for fast lookups."""
         return [0.0] + [self(n) for n in range(1, n_max + 1)]
 
+    def _head_at(self, k: int) -> float:
+        """The head's time on ``k`` rows, linear between measured counts (``k`` within the measured range)."""
+        h = self.head
+        i = bisect_left([r for r, _ in h], k)
+        if h[i][0] == k or i == 0:
+            return h[i][1]
+        (ra, ta), (rb, tb) = h[i - 1], h[i]
+        return ta + (tb - ta) * (k - ra) / (rb - ra)
+
     def head_rows(self, k: int) -> int:
-        """How many rows the LM head should compute to give ``k``: the measured row count of at least ``k``
-        that took the least time (the extra rows are padding), or ``k`` itself where none is measured.
+        """How many rows the LM head should compute to give ``k``: ``k``, or a measured count above it that
+        took less time than ``k`` rows are estimated to take (the extra rows are padding); ``k`` itself
+        past the last measured count or where none is measured.
 
         The head's time is not monotone in its rows: a GEMM takes another path from some row count on
         (Gemma-3-270M's 262,144-row head in float32 on an AMX Xeon: 202 ms for 15 rows, 80 ms for 16), so
-        a row count between two measured ones is priced, and run, at a measured one.
+        where a measured count above ``k`` is cheaper than the estimate for ``k``, that count is run.
         """
-        best = min(((t, r) for r, t in self.head if r >= k), default=None)
-        return k if best is None else best[1]
+        h = self.head
+        if not h or k >= h[-1][0]:
+            return k
+        best_r, best_t = k, self._head_at(k)
+        for r, t in h:
+            if r > k and t < best_t:
+                best_r, best_t = r, t
+        return best_r
 
     def head_rows_within(self, extra_s: float) -> int | None:
         """The most LM-head rows whose cost over one row stays within ``extra_s`` (None: not measured).
 
-        Up to the last measured row count, the largest measured count whose time is within the
-        allowance (a count between two is run padded to a measured one, :meth:`head_rows`); past it,
-        in proportion to the last interval's cost per row.
+        Up to the last measured row count, the cost of ``k`` rows is that of the rows :meth:`head_rows`
+        runs for them (linear between measured counts, or a cheaper measured count above); past it, in
+        proportion to the last interval's cost per row.
         """
         h = self.head
         if len(h) < 2:
             return None
         limit = h[0][1] + extra_s
-        within = [r for r, t in h if t <= limit]
-        if not within:
-            return 1
         (ra, ta), (rb, tb) = h[-2], h[-1]
-        if max(within) < rb or tb > limit:
-            return max(1, max(within))
+        if tb > limit:
+            for k in range(rb - 1, 0, -1):
+                r = self.head_rows(k)
+                if (self._head_at(k) if r == k else dict(h)[r]) <= limit:
+                    return k
+            return 1
         per_row = (tb - ta) / (rb - ra)
         if per_row <= 0:  # rows free at the end of the measured range
             return 1 << 30
@@ -232,8 +249,8 @@ def measure(
     ``stop_ratio`` one-token forwards (no tree the sources draft pays at that price; the curve
     is extended in proportion beyond) or, past size 4, 75% of ``budget_s`` is spent (on a steep
     curve the sizes that could pay are the small ones; then ``ANCHORS``, 32 and 64, are timed once
-    each where the rest of the budget allows, so that a long chain's cost is interpolated, not
-    extended in proportion), then further rounds over the same sizes while the time
+    each where the rest of the budget allows, guessing each one's time on the line through t(1) and
+    the largest size timed, so that a long chain's cost is interpolated, not extended in proportion), then further rounds over the same sizes while the time
     ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
@@ -307,7 +324,9 @@ def measure(
         anchors = [a for a in ANCHORS if last < a <= sizes[-1]]
         prev = last
         for a in anchors:
-            guess = times[prev][0] * a / prev  # in proportion to the largest size timed so far
+            # on the line through t(1) and the largest size timed so far (a big model's fixed cost per pass
+            # made a guess in proportion 2-3x too high, and a 1.5B model's anchors never ran on a slow machine)
+            guess = times[prev][0] + (a - prev) * max(0.0, times[prev][0] - t1) / (prev - 1)
             if time.perf_counter() - t_start + guess > budget_s:
                 break
             form[a] = nearest(a, form)

@@ -129,6 +129,27 @@ def test_a_budget_stopped_curve_times_larger_anchor_sizes_instead_of_extending_i
     assert any("then sizes 32, 64" in x for x in lines)
 
 
+def test_anchor_sizes_are_guessed_on_the_line_through_t1_not_in_proportion(monkeypatch):
+    """A 1.5B model on a slow machine (1.2 s a pass, plus 50 ms a token): the walk ends at size 5 for the
+    budget; guessed in proportion from t(5) (1.45 s), size 32 would take 9.3 s and was never timed (Qwen2.5-
+    Coder's curve on this session's machine: sizes 1-4, a 52-token chain priced at 11 s); on the line
+    through t(1) and t(5) it takes its real 2.8 s, and both anchors fit in the budget."""
+    import goose.latency as lat
+
+    clock = {"t": 0.0}
+
+    class Fixed(ToyCausalLM):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
+            clock["t"] += 1.2 + 0.05 * input_ids.shape[1]
+            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
+
+    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    c = measure(Fixed(16), past_len=8, repeats=3, measure_head=False)
+    assert clock["t"] <= 25.0
+    assert max(n for n in c.sizes if n < 32) == 5 and {32, 64} <= set(c.sizes)
+    assert c(48) == pytest.approx(1.2 + 0.05 * 48, rel=0.02)
+
+
 def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monkeypatch, capsys):
     """The cache key names the CPU, not its speed: a curve cached on a faster machine under the same
     CPU name (or measured under load) is checked once per process and measured anew where it is off."""
@@ -372,24 +393,26 @@ def test_the_curve_is_keyed_by_the_cpu_and_its_kernel_limits(monkeypatch):
 def test_head_rows_pads_to_the_cheapest_measured_count():
     """A head whose GEMM is slow from 4 to 15 rows and fast at 16 (Gemma-3-270M's on an AMX Xeon)."""
     c = LatencyCurve((1,), (0.1,), (), ((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
-    assert [c.head_rows(k) for k in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 32)] == [1, 2, 4, 4, 16, 16, 16, 16, 16, 32, 32]  # a tie: fewer rows
+    # 3 rows: 60 ms by interpolation, under every measured count above; 5-15: 16 rows (80 ms) are cheaper;
+    # 17: 82 ms by interpolation against 32 rows' 105 ms; 4: a tie with 16 keeps the fewer rows
+    assert [c.head_rows(k) for k in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 32)] == [1, 2, 3, 4, 16, 16, 16, 16, 16, 17, 32]
     assert c.head_rows(33) == 33 and c.head_rows(200) == 200  # past the last measured count: as asked
     assert LatencyCurve((1,), (0.1,)).head_rows(7) == 7  # not measured: as asked
-    # the allowance counts what is run: 16 rows (80 ms) fit where 8 (125 ms) would not
-    assert c.head_rows_within(0.05) == 16 and c.head_rows_within(0.02) == 2
+    # the allowance counts what is run: 19 rows (85 ms by interpolation from 16) fit in 35 + 50 ms, where
+    # 8 rows' measured 125 ms would have stopped an interpolation from below
+    assert c.head_rows_within(0.05) == 19 and c.head_rows_within(0.02) == 2
 
 
 def test_head_rows_within_an_allowance():
     c = LatencyCurve((1, 2), (0.2, 0.4), (), ((1, 0.01), (8, 0.08), (32, 0.32)))  # 10 ms a row
-    # up to the last measured count, only measured counts (a count between is run padded to one)
-    assert c.head_rows_within(0.2) == 8 and c.head_rows_within(0.05) == 1 and c.head_rows_within(0.0) == 1
-    assert c.head_rows_within(0.31) == 32
+    assert c.head_rows_within(0.2) == 21 and c.head_rows_within(0.05) == 6 and c.head_rows_within(0.0) == 1
+    assert c.head_rows_within(0.31) == 32 and all(c.head_rows(k) == k for k in range(1, 40))  # monotone: no padding
     assert c.head_rows_within(1.0) == 101  # past the last measured count: in proportion
     assert LatencyCurve((1,), (0.2,)).head_rows_within(1.0) is None  # not measured: no limit
     assert LatencyCurve.from_dict(c.to_dict()) == c
 
 
-@pytest.mark.parametrize("per_row,rows", [(0.1, 2), (1e-6, 200)])
+@pytest.mark.parametrize("per_row,rows", [(0.1, 3), (1e-6, 200)])
 def test_fit_keeps_the_prefill_logit_rows_within_one_plain_step(monkeypatch, per_row, rows):
     """A costly LM head row (an AVX2-only CPU in bfloat16): the prefill computes only what one step pays for."""
     import goose.latency as lat
@@ -401,7 +424,7 @@ def test_fit_keeps_the_prefill_logit_rows_within_one_plain_step(monkeypatch, per
     prompt = [(i * 7 + i // 5) % 16 for i in range(200)]
     out = dec.generate(prompt, max_new_tokens=30)
     assert out.token_ids == reference_greedy(prompt, 30, 16)
-    assert out.stats.extra["prefill_logit_rows"] == rows  # 0.2 s, 0.1 s a row -> 2 rows (measured counts); cheap: TR's 200
+    assert out.stats.extra["prefill_logit_rows"] == rows  # 0.2 s / 0.1 s a row -> 1 + 2 rows; cheap: TR's 200
     off = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", policy_options={"prefill_steps": None})
     assert off.generate(prompt, max_new_tokens=4).stats.extra["prefill_logit_rows"] == 200
 

@@ -149,10 +149,11 @@ class _Rows(torch.nn.Module):
         return self.head(x)
 
 
-@pytest.mark.parametrize("keep,run", [(10, 16), (16, 16), (3, 4), (40, 40)])
+@pytest.mark.parametrize("keep,run", [(10, 16), (5, 16), (16, 16), (3, 3), (20, 20), (40, 40)])
 def test_deferred_rows_run_at_the_cheapest_measured_row_count(monkeypatch, keep, run):
     """A head measured slow from 4 to 15 rows and fast at 16 (Gemma-3-270M's on an AMX Xeon): 10 wanted rows
-    are computed as 16 and sliced; past the last measured count, as asked. The rows equal the unpadded ones."""
+    are computed as 16 and sliced; 3 and 20, estimated cheaper than any measured count above, as asked; past
+    the last measured count, as asked. The rows equal the unpadded ones."""
     import goose.latency as lat
     from goose.latency import LatencyCurve
 
