@@ -250,8 +250,8 @@ def measure(
     is extended in proportion beyond) or, past size 4, 75% of ``budget_s`` is spent (on a steep
     curve the sizes that could pay are the small ones; then ``ANCHORS``, 32 and 64, are timed once
     each where the rest of the budget allows, guessing each one's time on the line through t(1) and
-    the largest size timed, so that a long chain's cost is interpolated, not extended in proportion), then further rounds over the same sizes while the time
-    ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
+    the largest size timed, so that a long chain's cost is interpolated, not extended in proportion),
+    then further rounds over the same sizes while the time ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
     then prefers the larger tree). With ``compare_linear``, round 1 times each compared size
@@ -385,8 +385,8 @@ def _measure_head(model, v, t1: float, say, t_start: float, g) -> tuple[tuple[in
     The prefill computes the logits of the trailing positions the sources learn from (token
     recycling: up to 256); each is a row through the LM head, nearly free with AMX and about a
     tenth of a forward each for a 1.5B model in bfloat16 on an AVX2-only CPU. Larger row counts
-    than those are not timed (the fit would not allow them). The prefill computes its rows padded to the
-    cheapest measured count (:meth:`LatencyCurve.head_rows`), so only measured counts are ever run.
+    than those are not timed (the fit would not allow them). A count between two measured ones is run
+    padded to a measured count above it where that one took less (:meth:`LatencyCurve.head_rows`).
     """
     import torch
 

@@ -208,7 +208,7 @@ class GreedyTreeVerifier(Verifier):
 
             curve = cached_curve(self.model, self.setup())
             if curve is not None and curve.head:
-                self._head_curve = curve  # the deferred prefill rows are run at its cheapest measured count
+                self._head_curve = curve  # how many rows the deferred prefill rows are run as
             if curve is not None and self._linears:
                 forms.update({k: "skinny" for k in curve.skinny})
                 if curve.packed and skinny.packed_available(self._linears, self.options.pack_limit_mib):
@@ -333,7 +333,7 @@ class GreedyTreeVerifier(Verifier):
         k = hidden.shape[0]
         c = getattr(self, "_head_curve", None)
         rows = c.head_rows(k) if c is not None else k
-        if rows > k:  # padded to the measured row count that costs least (LatencyCurve.head_rows); sliced off
+        if rows > k:  # padded to a measured row count that took less (LatencyCurve.head_rows); sliced off
             hidden = torch.cat([hidden, hidden.new_zeros(rows - k, hidden.shape[1])])
         logits = head(hidden.unsqueeze(0))[0, :k]
         if cap:
