@@ -209,6 +209,26 @@ def test_one_stall_does_not_end_the_walk_over_sizes(monkeypatch):
     assert calls["n6"] == 2  # timed twice in round 1
 
 
+def test_one_stall_does_not_price_an_anchor_size(monkeypatch):
+    """An anchor is timed once; a stall there (5x) would price every long chain. Over 1.5x its guess it is
+    timed again and the lower time kept: t(32) is the model's own."""
+    import goose.latency as lat
+
+    clock, calls = {"t": 0.0}, {"n32": 0}
+
+    class Stalls(ToyCausalLM):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
+            n = input_ids.shape[1]
+            calls["n32"] += n == 32
+            clock["t"] += (1.2 + 0.05 * n) * (5 if n == 32 and calls["n32"] == 1 else 1)
+            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
+
+    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    c = measure(Stalls(16), past_len=8, repeats=3, measure_head=False)
+    assert 32 in c.sizes and c(32) == pytest.approx(1.2 + 0.05 * 32)
+    assert calls["n32"] == 2
+
+
 def test_fit_refuses_to_wrap_itself():
     with pytest.raises(goose.InvalidInputError, match="cannot wrap itself"):
         goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="fit", policy_options={"inner": "spine-fit"})
