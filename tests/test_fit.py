@@ -66,15 +66,16 @@ def test_measure_and_cache_on_a_model():
     assert c1 == c2
 
 
-def _clocked_toy(monkeypatch, seconds_per_token: float):
-    """A toy whose forwards advance a fake clock (the one measure reads) by ``seconds_per_token`` a token."""
+def _clocked_toy(monkeypatch, seconds_per_token: float, fixed: float = 0.0):
+    """A toy whose forwards advance a fake clock (the one measure reads) by ``fixed`` a pass plus
+    ``seconds_per_token`` a token."""
     import goose.latency as lat
 
     clock = {"t": 0.0}
 
     class Slow(ToyCausalLM):
         def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
-            clock["t"] += seconds_per_token * input_ids.shape[1]
+            clock["t"] += fixed + seconds_per_token * input_ids.shape[1]
             return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
 
     monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
@@ -111,18 +112,9 @@ def test_a_budget_stopped_curve_times_larger_anchor_sizes_instead_of_extending_i
     """A forward with a large fixed cost (1 s, plus 20 ms a token: a big model whose weights are read
     once per pass): the walk stops early for the budget, and sizes 32 and 64 are timed once, so a
     48-token chain is priced near its real 1.96 s, not the 7.8 s a proportional extension gives."""
-    import goose.latency as lat
-
-    clock = {"t": 0.0}
-
-    class Fixed(ToyCausalLM):
-        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
-            clock["t"] += 1.0 + 0.02 * input_ids.shape[1]
-            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
-
-    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
+    clock, model = _clocked_toy(monkeypatch, 0.02, fixed=1.0)
     lines = []
-    c = measure(Fixed(16), past_len=8, repeats=3, progress=lines.append, measure_head=False)
+    c = measure(model, past_len=8, repeats=3, progress=lines.append, measure_head=False)
     assert clock["t"] <= 25.0
     assert c.sizes[-1] == 64 and 32 in c.sizes and max(n for n in c.sizes if n < 32) < 16
     assert c(48) == pytest.approx(1.96, rel=0.02)
@@ -134,17 +126,8 @@ def test_anchor_sizes_are_guessed_on_the_line_through_t1_not_in_proportion(monke
     budget; guessed in proportion from t(5) (1.45 s), size 32 would take 9.3 s and was never timed (Qwen2.5-
     Coder's curve on this session's machine: sizes 1-4, a 52-token chain priced at 11 s); on the line
     through t(1) and t(5) it takes its real 2.8 s, and both anchors fit in the budget."""
-    import goose.latency as lat
-
-    clock = {"t": 0.0}
-
-    class Fixed(ToyCausalLM):
-        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
-            clock["t"] += 1.2 + 0.05 * input_ids.shape[1]
-            return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
-
-    monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
-    c = measure(Fixed(16), past_len=8, repeats=3, measure_head=False)
+    clock, model = _clocked_toy(monkeypatch, 0.05, fixed=1.2)
+    c = measure(model, past_len=8, repeats=3, measure_head=False)
     assert clock["t"] <= 25.0
     assert max(n for n in c.sizes if n < 32) == 5 and {32, 64} <= set(c.sizes)
     assert c(48) == pytest.approx(1.2 + 0.05 * 48, rel=0.02)
