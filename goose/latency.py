@@ -77,6 +77,15 @@ class LatencyCurve:
         (ra, ta), (rb, tb) = h[i - 1], h[i]
         return ta + (tb - ta) * (k - ra) / (rb - ra)
 
+    def _head_run(self, k: int) -> tuple[int, float]:
+        """(rows run, seconds) for ``k`` wanted rows within the measured range: ``k`` at its interpolated
+        time, or a measured count above ``k`` that took less."""
+        best = (k, self._head_at(k))
+        for r, t in self.head:
+            if r > k and t < best[1]:
+                best = (r, t)
+        return best
+
     def head_rows(self, k: int) -> int:
         """How many rows the LM head should compute to give ``k``: ``k``, or a measured count above it that
         took less time than ``k`` rows are estimated to take (the extra rows are padding); ``k`` itself
@@ -89,11 +98,7 @@ class LatencyCurve:
         h = self.head
         if not h or k >= h[-1][0]:
             return k
-        best_r, best_t = k, self._head_at(k)
-        for r, t in h:
-            if r > k and t < best_t:
-                best_r, best_t = r, t
-        return best_r
+        return self._head_run(k)[0]
 
     def head_rows_within(self, extra_s: float) -> int | None:
         """The most LM-head rows whose cost over one row stays within ``extra_s`` (None: not measured).
@@ -108,11 +113,7 @@ class LatencyCurve:
         limit = h[0][1] + extra_s
         (ra, ta), (rb, tb) = h[-2], h[-1]
         if tb > limit:
-            for k in range(rb - 1, 0, -1):
-                r = self.head_rows(k)
-                if (self._head_at(k) if r == k else dict(h)[r]) <= limit:
-                    return k
-            return 1
+            return next((k for k in range(rb - 1, 0, -1) if self._head_run(k)[1] <= limit), 1)
         per_row = (tb - ta) / (rb - ra)
         if per_row <= 0:  # rows free at the end of the measured range
             return 1 << 30
@@ -251,7 +252,10 @@ def measure(
     curve the sizes that could pay are the small ones; then ``ANCHORS``, 32 and 64, are timed once
     each where the rest of the budget allows, guessing each one's time on the line through t(1) and
     the largest size timed, so that a long chain's cost is interpolated, not extended in proportion),
-    then further rounds over the same sizes while the time ``budget_s`` lasts, ``repeats`` rounds at most (at least one). A few one-token and one
+    then further rounds over the same sizes while the time ``budget_s`` lasts, ``repeats`` rounds at
+    most (at least one). A size or form whose one timing would decide much (the size that would end the
+    walk, an anchor over 1.5x its guess, a form about to be dropped) is timed again and the lower time
+    kept: one stall on a noisy machine must not shape the curve. A few one-token and one
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
     then prefers the larger tree). With ``compare_linear``, round 1 times each compared size
@@ -284,18 +288,21 @@ def measure(
             return None
         return form[min(known, key=lambda c: (abs(c - n), c))]
 
+    def again_over(dt: float, limit: float, n: int, f: str | None) -> float:
+        """``dt``, or the lower of it and a second timing where it is over ``limit``."""
+        return min(dt, once(n, f)) if dt > limit else dt
+
     say = progress or (lambda text: None)
     for n in (1, 1, 1):  # warm-up
         once(n)
     mid = min(8, sizes[-1])
     stock_mid = once(mid)
     # a form far slower at a middle size is not compared at the others (bfloat16 with AVX2 kernels:
-    # weight @ x.T is several times slower, and timing it at every compared size doubles the wait);
-    # timed twice before it is dropped, as one stall must not drop it for the whole curve
+    # weight @ x.T is several times slower, and timing it at every compared size doubles the wait)
     if mid >= 2:
         for f in list(forms):
             once(mid, f)  # untimed: a form's first pass (the packed form packs the weights here)
-            if once(mid, f) > 1.5 * stock_mid and once(mid, f) > 1.5 * stock_mid:
+            if again_over(once(mid, f), 1.5 * stock_mid, mid, f) > 1.5 * stock_mid:
                 forms.remove(f)
     times: dict[int, list[float]] = {}
     form: dict[int, str | None] = {}  # size -> fastest form (None: stock)
@@ -309,8 +316,8 @@ def measure(
         else:
             form[n] = nearest(n, form)
             dt = once(n, form[n])
-        if n > 1 and dt > stop_ratio * t1:  # timed again before it ends the walk: one stall must not
-            dt = min(dt, once(n, form[n]))  # (a noisy machine stopped Gemma-3's walk at size 10, at 12x t(1))
+        if n > 1:  # (a noisy machine once stopped Gemma-3's walk at size 10, at 12x t(1))
+            dt = again_over(dt, stop_ratio * t1, n, form[n])
         times[n] = [dt]
         say(f"size {n}: {1000 * dt:.1f} ms{f' ({form[n]})' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
         if n > 1 and dt > stop_ratio * t1:
@@ -331,10 +338,8 @@ def measure(
             if time.perf_counter() - t_start + guess > budget_s:
                 break
             form[a] = nearest(a, form)
-            dt = once(a, form[a])
-            if dt > 1.5 * guess:  # timed once only: a stall here would price every long chain (Gemma-3: t(32)
-                dt = min(dt, once(a, form[a]))  # 605 ms after t(28) 308 ms on a noisy machine)
-            times[a] = [dt]
+            # timed once only: a stall would price every long chain (Gemma-3: t(32) 605 ms after t(28) 308 ms)
+            times[a] = [again_over(once(a, form[a]), 1.5 * guess, a, form[a])]
             say(f"size {a}: {1000 * times[a][0]:.1f} ms ({time.perf_counter() - t_start:.1f} s)")
             prev = a
             if times[a][0] > stop_ratio * t1:

@@ -130,6 +130,7 @@ class GreedyTreeVerifier(Verifier):
                 "they are available and measured faster, or raise pack_limit_mib."
             )
         self._forms: dict[int, str] | None = None  # tree size -> form, resolved on the first tree pass ("auto")
+        self._head_curve = None  # the cached curve whose head timings size the deferred prefill rows
         # transformers' causal LMs compute the LM head for the last k positions only when told.
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         try:
@@ -331,8 +332,7 @@ class GreedyTreeVerifier(Verifier):
             return None
         t0 = time.perf_counter()
         k = hidden.shape[0]
-        c = getattr(self, "_head_curve", None)
-        rows = c.head_rows(k) if c is not None else k
+        rows = self._head_curve.head_rows(k) if self._head_curve is not None else k
         if rows > k:  # padded to a measured row count that took less (LatencyCurve.head_rows); sliced off
             hidden = torch.cat([hidden, hidden.new_zeros(rows - k, hidden.shape[1])])
         logits = head(hidden.unsqueeze(0))[0, :k]
