@@ -7,7 +7,8 @@ vectors ``q^o_r``, siblings' events disjoint, spine child first), with the rates
 from this generation's verified trees (:func:`goose.theory.calibrate.count_step`, shrunk toward a
 prior by :func:`goose.theory.calibrate.smoothed`; one set of rates per route, since a bypass
 chain is drafted only when the context match is confident, the bypass route's rates shrunk toward what
-its lead source earned on the other routes, ``pool_routes``; the spine depths the fit cut are
+its lead source earned on the other routes, ``pool_routes``: depth 1 from its own confidence tier,
+the deeper depths from every tier, ``pool_tiers``; the spine depths the fit cut are
 checked in hindsight against the tokens later steps commit, ``shadow`` and ``shadow_depth``; a
 chain that continues such a spine, its earlier tokens all committed, is shaped with the rates from
 the depth it has reached, ``continuation``). It keeps the subtree that maximises
@@ -124,6 +125,11 @@ class FitOptions(Options):
         description="cascade: the bypass route's spine rates (a confident match's chain) are shrunk toward the rates "
         "its lead source has earned on the policy's other routes, not toward the prior, so a source that has earned "
         "depth keeps it when the inner policy switches to the bypass",
+    )
+    pool_tiers: bool = Field(
+        True,
+        description="cascade, with pool_routes: a bypass route's depths 2 and deeper borrow from every confidence tier of "
+        "its lead source (depth 1 from its own tier only); False: from its own tier only",
     )
     source_priors: dict[str, list[tuple[float, float, float]]] = Field(
         default_factory=lambda: {"pld": [(1.0, 0.7, 0.9), (0.7, 0.45, 0.9)]},
@@ -414,13 +420,19 @@ class FitPolicy(TreePolicy):
     def _stale(self, route: str) -> None:
         """The route's counts changed: drop its cached model, and its source's bypass model that borrows from them."""
         self.models.pop(route, None)
-        lead = route.partition("@")[2]
-        if lead:
-            self.models.pop(f"bypass@{lead}", None)
+        source = route.partition("@")[2].partition("^")[0]
+        if source:  # every bypass route of that source borrows from it (_earned_elsewhere)
+            for key in [k for k in self.models if k.startswith("bypass@") and k[7:].partition("^")[0] == source]:
+                del self.models[key]
 
     def _earned_elsewhere(self, route: str):
-        """For a bypass route (``bypass@pld``), the spine rates its lead source (pld) has earned on the other
-        routes, pooled and smoothed as usual; None for other routes, or when the others have no spine trials."""
+        """For a bypass route (``bypass@pld^1``), the spine rates its lead source (pld) has earned on the other
+        routes, pooled and smoothed as usual; None for other routes, or when the others have no spine trials.
+        Depth 1 is pooled over the routes of the same confidence tier only (where a chain starts is what a
+        tier says: Gemma-3's first proposals held their first token 0.94 of the time at tier 1.0, 0.70 at
+        0.7-0.9), the deeper depths over every tier of the source (the rate of depth d given d - 1 is much
+        the same in every tier, docs/results.md): a consensus match that carries on a loop the source's
+        long matches have already held through starts with that depth earned."""
         from goose.theory.calibrate import Counts, smoothed
 
         kind, _, lead = route.partition("@")
@@ -430,12 +442,20 @@ class FitPolicy(TreePolicy):
         # rates would mislead the other (measured: Gemma-3 GSM8K tau 1.94 -> 1.73 when they were pooled).
         if kind != "bypass" or not lead:
             return None
+        source = lead.partition("^")[0]
         pooled = Counts()
         for r, c in self.route_counts.items():
-            if r != route and r.partition("@")[2] == lead:
-                for d, v in c.spine_trials.items():
+            other = r.partition("@")[2]
+            if r == route or other.partition("^")[0] != source:
+                continue
+            same = other == lead
+            if not same and not self.options.pool_tiers:
+                continue
+            for d, v in c.spine_trials.items():
+                if same or d >= 2:
                     pooled.spine_trials[d] += v
-                for d, v in c.spine_hits.items():
+            for d, v in c.spine_hits.items():
+                if same or d >= 2:
                     pooled.spine_hits[d] += v
         if not pooled.spine_trials:
             return None

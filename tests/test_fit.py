@@ -711,11 +711,35 @@ def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
     assert pol._model("spine@pld^1").spine[:3] == pytest.approx((0.6, 0.95, 0.95))
     assert pol._model("spine@pld^0.7").spine[:2] == pytest.approx((0.3, 0.9))
     assert pol._model("spine@pld").spine[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
-    # a tier's bypass route borrows only from the same tier of its source
+    # a tier's bypass route borrows depth 1 only from the same tier of its source
     c = pol.route_counts["spine@pld^0.7"]
     c.spine_trials[1] += 20
+    pol._stale("spine@pld^0.7")
     assert pol._model("bypass@pld^1").spine[0] == pytest.approx(0.6)
     assert pol._model("bypass@pld^0.7").spine[0] < 0.1
+
+
+def test_a_bypass_route_borrows_its_deeper_depths_from_every_tier_of_its_source():
+    """Depth 1 is where a tier's chains start (its own tier's counts, else its calibrated p_1); the rate of
+    depth d given d - 1 is the source's (every tier pooled), so a consensus match that carries on a loop the
+    long matches have held through starts with that depth. pool_tiers=False: its own tier only."""
+    from goose.policies.fit import FitOptions, FitPolicy
+
+    def rates(pool_tiers, other="spine@pld^0.7"):
+        pol = FitPolicy(FitOptions(latency=FLAT, pool_tiers=pool_tiers))
+        pol._model("bypass@pld^1")  # cached before the counts change: _stale must drop it
+        c = pol.route_counts[other]
+        for d in range(1, 41):  # the tier-0.7 chains missed depth 1 half the time, then held to 40
+            c.spine_trials[d] += 20
+            c.spine_hits[d] += 10 if d == 1 else 20
+        pol._stale(other)
+        return pol._model("bypass@pld^1").spine
+
+    pooled, apart = rates(True), rates(False)
+    assert pooled[0] == pytest.approx(0.7) == apart[0]  # depth 1: tier 1.0's calibrated start, not 0.5
+    assert pooled[1] > 0.99 and pooled[31] > 0.99  # the depth tier 0.7 earned
+    assert apart[1] == pytest.approx(0.9) and apart[31] == pytest.approx(0.9)  # the calibrated floor only
+    assert rates(True, other="spine@suffix")[1] == pytest.approx(0.9)  # another source's depth is not pld's
 
 
 @pytest.mark.parametrize("tiers", [
