@@ -97,26 +97,37 @@ class TokenTable:
         n = len(tokens)
         if n == 0:
             return
+        # A later position of the same token (and of the same (previous, token) pair) overwrites an
+        # earlier one's row, so only the last position of each is read: the table ends as it would
+        # had every row been read (a chain that repeats a loop of 14 tokens 6 times reads 14-28 rows).
+        last: dict[int, int] = {}  # token -> last position holding it
+        for i, t in enumerate(tokens[:n]):
+            last[t] = i
+        last_pair: dict[tuple[int, int], int] = {}
+        if bigram:
+            for i, p in enumerate(preds[:n]):
+                if p >= 0:
+                    last_pair[(p, tokens[i])] = i
+        read = sorted(set(last.values()).union(last_pair.values()))
+        at = {i: j for j, i in enumerate(read)}  # position -> its row among those read
         k = min(self.k, self.vocab_size)
         x = logits[:n, : self.vocab_size]
+        if len(read) < n:
+            x = x.index_select(0, torch.tensor(read, dtype=torch.long, device=x.device))
         if x.dtype in (torch.bfloat16, torch.float16):
             x = x.float()  # topk on 16-bit logits is slower on CPU than upcasting first
-        vals, idx = topk_rows(x, k)  # [n, k]
+        vals, idx = topk_rows(x, k)  # [rows read, k]
         probs = torch.softmax(vals.float(), dim=-1)
         probs = torch.nan_to_num(probs, nan=0.0, posinf=1.0, neginf=0.0)
         idx_l = idx.tolist()
         prob_l = probs.tolist()
-        last: dict[int, int] = {}  # token -> last position holding it
         rows = self.rows
-        for i, t in enumerate(tokens):
-            last[t] = i
-            rows[t] = (idx_l[i], prob_l[i])
-        if bigram:
-            table = self.bigram
-            for i, p in enumerate(preds):
-                if p >= 0:
-                    table[(p, tokens[i])] = (idx_l[i], prob_l[i])
-        keep = torch.tensor(list(last.values()), dtype=torch.long)
+        for t, i in last.items():
+            rows[t] = (idx_l[at[i]], prob_l[at[i]])
+        table = self.bigram
+        for pair, i in last_pair.items():
+            table[pair] = (idx_l[at[i]], prob_l[at[i]])
+        keep = torch.tensor([at[i] for i in last.values()], dtype=torch.long)
         dest = torch.tensor(list(last.keys()), dtype=torch.long)
         self.ids[dest, :k] = idx.index_select(0, keep.to(idx.device)).cpu()
         self.scores[dest, :k] = probs.index_select(0, keep.to(probs.device)).cpu()

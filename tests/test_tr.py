@@ -249,3 +249,33 @@ def test_blocked_topk_equals_torch_topk(vocab, block):
         distinct = [r for r in range(13) if r != 4]
         assert torch.equal(got[1][distinct], want.indices[distinct])
         assert int(got[1][4, 0]) == 7
+
+
+@pytest.mark.parametrize("bigram", [False, True])
+def test_the_harvest_reads_only_the_rows_that_stay_in_the_table(monkeypatch, bigram):
+    """A later position of a token (and of a (previous, token) pair) overwrites the earlier one's row, so a
+    chain that repeats a 14-token loop six times has its top-k taken on 14 rows (bigram: the loop's pairs'
+    last positions, at most 28), and the table is the one every row would have written."""
+    import goose.plugins.tr as tr
+
+    loop = list(range(3, 17))
+    tokens = loop * 6
+    preds = [loop[-1]] + tokens[:-1]
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(len(tokens), 40, generator=g)
+    seen = []
+    real = tr.topk_rows
+    monkeypatch.setattr(tr, "topk_rows", lambda x, k, **kw: (seen.append(x.shape[0]), real(x, k, **kw))[1])
+    src = source(40, k=4, bigram=bigram)
+    src.observe(verified(tokens, preds, logits))
+    assert seen == [14]  # the loop's pairs repeat with it: their last positions are the tokens' last ones
+    uni, bi = brute_force([(tokens, preds, logits)], 40, 4, bigram)
+    for t, (ids, probs) in uni.items():
+        assert src.table.rows[t][0] == ids and src.table.ids[t].tolist() == ids
+    assert {p: r[0] for p, r in src.table.bigram.items()} == {p: r[0] for p, r in bi.items()}
+    # a pair that last occurs before its token's last occurrence is read as well
+    seen.clear()
+    src2 = source(40, k=4, bigram=True)
+    src2.observe(verified([5, 6, 7, 6], [4, 5, 9, 8], logits[:4]))
+    assert seen == [4]
+    assert src2.table.bigram[(5, 6)][0] == brute_force([([5, 6, 7, 6], [4, 5, 9, 8], logits[:4])], 40, 4, True)[1][(5, 6)][0]
