@@ -420,9 +420,9 @@ class FitPolicy(TreePolicy):
     def _stale(self, route: str) -> None:
         """The route's counts changed: drop its cached model, and its source's bypass model that borrows from them."""
         self.models.pop(route, None)
-        source = route.partition("@")[2].partition("^")[0]
+        source = _source_of(route)
         if source:  # every bypass route of that source borrows from it (_earned_elsewhere)
-            for key in [k for k in self.models if k.startswith("bypass@") and k[7:].partition("^")[0] == source]:
+            for key in [k for k in self.models if k.startswith("bypass@") and _source_of(k) == source]:
                 del self.models[key]
 
     def _earned_elsewhere(self, route: str):
@@ -442,11 +442,11 @@ class FitPolicy(TreePolicy):
         # rates would mislead the other (measured: Gemma-3 GSM8K tau 1.94 -> 1.73 when they were pooled).
         if kind != "bypass" or not lead:
             return None
-        source = lead.partition("^")[0]
+        source = _source_of(route)
         pooled = Counts()
         for r, c in self.route_counts.items():
             other = r.partition("@")[2]
-            if r == route or other.partition("^")[0] != source:
+            if r == route or _source_of(r) != source:
                 continue
             same = other == lead
             if not same and not self.options.pool_tiers:
@@ -611,6 +611,11 @@ def _spine_tokens(tree: DraftTree) -> list[int]:
             return out
         out.append(tree.tokens[nxt])
         node = nxt
+
+
+def _source_of(route: str) -> str:
+    """The lead source of a route key (``bypass@pld^1`` -> ``pld``), or '' for a route without one."""
+    return route.partition("@")[2].partition("^")[0]
 
 
 def tier(priors: dict, source: str, confidence) -> str:
