@@ -28,9 +28,11 @@ FULL_SIZES = (*range(1, 65), 80, 96, 128)
 # nearest compared size (the forms switch at a crossover, not back and forth)
 COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
-# where the time budget stops the walk over SIZES, these larger sizes are still timed once if it allows
-ANCHORS = (32, 64)
-CURVE_VERSION = 10  # bump when the measuring method changes: cached curves are measured anew
+# where the time budget stops the walk over SIZES, these larger sizes are still timed once each, in this
+# order, while it allows (the widest span first; the sizes between are interpolated and run in their form)
+ANCHORS = (32, 64, 16, 8, 24, 48, 12)
+WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
+CURVE_VERSION = 11  # bump when the measuring method changes: cached curves are measured anew
 # A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
 # forms): machines with the same CPU name and flags differ in speed (virtual machines on other hosts)
 # and in which linear-layer form is fastest, and a curve measured under load misleads the fit
@@ -128,9 +130,25 @@ class LatencyCurve:
         head = tuple((int(r), float(t)) for r, t in d.get("head", ()))
         return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head, tuple(d.get("packed", ())))
 
-    def form(self, n: int) -> str:
-        """The linear layers' form a tree pass of n nodes was measured fastest in."""
+    def _measured_form(self, n: int) -> str:
         return "skinny" if n in self.skinny else "packed" if n in self.packed else "stock"
+
+    def form(self, n: int) -> str:
+        """The linear layers' form a tree pass of n nodes runs in: the one it was measured fastest in; a
+        size between two measured sizes (anchors past a walk the time budget stopped) takes the form both
+        were measured in, since the curve prices it between them (stock where they differ or past the
+        last size)."""
+        s = self.sizes
+        i = bisect_left(s, n)
+        if i == len(s) or s[i] == n or i == 0:
+            return self._measured_form(n)
+        below, above = self._measured_form(s[i - 1]), self._measured_form(s[i])
+        return below if below == above else "stock"
+
+    def forms(self, upto: int) -> dict[int, str]:
+        """``{n: form}`` for every size 2..``upto`` that does not run stock (:meth:`form`)."""
+        out = {n: self.form(n) for n in range(2, upto + 1)}
+        return {n: f for n, f in out.items() if f != "stock"}
 
 
 def _setup(setup: dict | None) -> dict:
@@ -248,10 +266,12 @@ def measure(
 
     Sizes are measured in increasing order, one timed forward each per round, until a forward costs
     ``stop_ratio`` one-token forwards (no tree the sources draft pays at that price; the curve
-    is extended in proportion beyond) or, past size 4, 75% of ``budget_s`` is spent (on a steep
-    curve the sizes that could pay are the small ones; then ``ANCHORS``, 32 and 64, are timed once
-    each where the rest of the budget allows, guessing each one's time on the line through t(1) and
-    the largest size timed, so that a long chain's cost is interpolated, not extended in proportion),
+    is extended in proportion beyond) or, past size 4, ``WALK_SHARE`` (60%) of ``budget_s`` is spent (on a steep
+    curve the sizes that could pay are the small ones; then ``ANCHORS``, 32 and 64 first, then 16, 8,
+    24, 48 and 12, are timed once each where the rest of the budget allows, in the form of the nearest
+    compared size, guessing each one's time on the line through t(1) and the largest size timed, so that
+    a long chain's cost is interpolated, not extended in proportion, and a size between two anchors
+    runs in their form: :meth:`LatencyCurve.form`),
     then further rounds over the same sizes while the time ``budget_s`` lasts, ``repeats`` rounds at
     most (at least one). A size or form whose one timing would decide much (the size that would end the
     walk, an anchor over 1.5x its guess, a form about to be dropped) is timed again and the lower time
@@ -322,30 +342,32 @@ def measure(
         say(f"size {n}: {1000 * dt:.1f} ms{f' ({form[n]})' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
         if n > 1 and dt > stop_ratio * t1:
             break
-        if n >= 4 and time.perf_counter() - t_start + dt > 0.75 * budget_s:  # the next size costs at least dt
+        if n >= 4 and time.perf_counter() - t_start + dt > WALK_SHARE * budget_s:  # the next size costs at least dt
             last = n
             break
     if last is not None:
         # a few larger sizes, once each, where the rest of the budget allows: past the walked sizes the
         # curve then interpolates instead of extending in proportion, which overstated a 1.5B model's
         # 52-token chain threefold (3.8 s extended from size 11; 1.28 s as verified)
-        anchors = [a for a in ANCHORS if last < a <= sizes[-1]]
-        prev = last
-        for a in anchors:
+        cap = sizes[-1] + 1  # anchors from here on cost more than any tree can pay
+        for a in (a for a in ANCHORS if last < a <= sizes[-1]):
+            if a >= cap:
+                continue
             # on the line through t(1) and the largest size timed so far (a big model's fixed cost per pass
             # made a guess in proportion 2-3x too high, and a 1.5B model's anchors never ran on a slow machine)
+            prev = max(times)
             guess = times[prev][0] + (a - prev) * max(0.0, times[prev][0] - t1) / (prev - 1)
             if time.perf_counter() - t_start + guess > budget_s:
-                break
+                continue  # a smaller anchor after it may still fit
             form[a] = nearest(a, form)
             # timed once only: a stall would price every long chain (Gemma-3: t(32) 605 ms after t(28) 308 ms)
             times[a] = [again_over(once(a, form[a]), 1.5 * guess, a, form[a])]
             say(f"size {a}: {1000 * times[a][0]:.1f} ms ({time.perf_counter() - t_start:.1f} s)")
-            prev = a
-            if times[a][0] > stop_ratio * t1:
-                break
-        say(f"time budget reached at size {last}" + (f", then sizes {', '.join(str(a) for a in anchors if a in times)}"
-            if any(a in times for a in anchors) else "") + ": larger sizes are extended in proportion")
+            if times[a][0] > stop_ratio * t1:  # no tree that large pays: nor does a larger anchor
+                cap = a
+        timed = sorted(a for a in ANCHORS if a > last and a in times)
+        say(f"time budget reached at size {last}" + (f", then sizes {', '.join(map(str, timed))}" if timed else "")
+            + ": sizes between are interpolated, larger ones extended in proportion")
     kept = sorted(times)
     for r in range(1, repeats):
         spent = time.perf_counter() - t_start

@@ -66,16 +66,16 @@ def test_measure_and_cache_on_a_model():
     assert c1 == c2
 
 
-def _clocked_toy(monkeypatch, seconds_per_token: float, fixed: float = 0.0):
+def _clocked_toy(monkeypatch, seconds_per_token: float, fixed: float = 0.0, extra=lambda n: 0.0):
     """A toy whose forwards advance a fake clock (the one measure reads) by ``fixed`` a pass plus
-    ``seconds_per_token`` a token."""
+    ``seconds_per_token`` a token (plus ``extra(tokens)``)."""
     import goose.latency as lat
 
     clock = {"t": 0.0}
 
     class Slow(ToyCausalLM):
         def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kw):
-            clock["t"] += fixed + seconds_per_token * input_ids.shape[1]
+            clock["t"] += fixed + seconds_per_token * input_ids.shape[1] + extra(input_ids.shape[1])
             return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
 
     monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
@@ -102,35 +102,62 @@ def test_measure_keeps_to_its_time_budget_on_a_slow_steep_model(monkeypatch):
     lines = []
     c = measure(model, past_len=8, repeats=3, stop_ratio=100.0, progress=lines.append)  # the ratio never stops it
     assert clock["t"] <= 25.0  # the budget (the issue's limit for first use is 30 s)
-    walked = [n for n in c.sizes if n < 32]
+    walked = [n for n in c.sizes if n == 1 or c.sizes[c.sizes.index(n) - 1] == n - 1]  # the contiguous walk
     assert 4 <= walked[-1] < 16 and any("time budget reached" in x for x in lines)
-    assert set(c.sizes) - set(walked) <= {32}  # an anchor only where the budget allowed it
+    assert set(c.sizes) - set(walked) <= {32, 16, 8, 24, 12}  # anchors only where the budget allowed them
     assert c(64) == pytest.approx(64 * c(1), rel=0.05)  # in proportion, as this toy's cost is
 
 
 def test_a_budget_stopped_curve_times_larger_anchor_sizes_instead_of_extending_in_proportion(monkeypatch):
     """A forward with a large fixed cost (1 s, plus 20 ms a token: a big model whose weights are read
-    once per pass): the walk stops early for the budget, and sizes 32 and 64 are timed once, so a
+    once per pass): the walk stops early for the budget, and anchors up to 64 are timed once, so a
     48-token chain is priced near its real 1.96 s, not the 7.8 s a proportional extension gives."""
     clock, model = _clocked_toy(monkeypatch, 0.02, fixed=1.0)
     lines = []
     c = measure(model, past_len=8, repeats=3, progress=lines.append, measure_head=False)
     assert clock["t"] <= 25.0
-    assert c.sizes[-1] == 64 and 32 in c.sizes and max(n for n in c.sizes if n < 32) < 16
+    assert c.sizes[-1] == 64 and 32 in c.sizes and max(n for n in c.sizes if n < 8) < 8
     assert c(48) == pytest.approx(1.96, rel=0.02)
-    assert any("then sizes 32, 64" in x for x in lines)
+    assert any("then sizes 8, 16, 24, 32, 48, 64" in x for x in lines)
 
 
 def test_anchor_sizes_are_guessed_on_the_line_through_t1_not_in_proportion(monkeypatch):
-    """A 1.5B model on a slow machine (1.2 s a pass, plus 50 ms a token): the walk ends at size 5 for the
-    budget; guessed in proportion from t(5) (1.45 s), size 32 would take 9.3 s and was never timed (Qwen2.5-
-    Coder's curve on this session's machine: sizes 1-4, a 52-token chain priced at 11 s); on the line
-    through t(1) and t(5) it takes its real 2.8 s, and both anchors fit in the budget."""
+    """A 1.5B model on a slow machine (1.2 s a pass, plus 50 ms a token): the walk ends at size 4 for the
+    budget; guessed in proportion from t(4) (1.4 s), size 32 would take 11 s and was never timed (Qwen2.5-
+    Coder's curve on an earlier session's machine: sizes 1-4, a 52-token chain priced at 11 s); on the
+    line through t(1) and t(4) it takes its real 2.8 s, and both 32 and 64 fit in the budget."""
     clock, model = _clocked_toy(monkeypatch, 0.05, fixed=1.2)
     c = measure(model, past_len=8, repeats=3, measure_head=False)
     assert clock["t"] <= 25.0
-    assert max(n for n in c.sizes if n < 32) == 5 and {32, 64} <= set(c.sizes)
+    assert max(n for n in c.sizes if n < 8) == 4 and {32, 64} <= set(c.sizes)
     assert c(48) == pytest.approx(1.2 + 0.05 * 48, rel=0.02)
+
+
+def test_a_budget_stopped_walk_times_anchors_between_its_end_and_64(monkeypatch):
+    """A big model (1 s a pass, 20 ms a token) whose passes of 7-15 tokens cost 0.4 s more (Qwen2.5-Coder
+    with stock linears: 13 rows 1.05 s, 16 rows 0.78 s): the walk ends at size 5 for the budget, and its
+    rest times 8, 16, 24, 48 besides 32 and 64, so a 12-token tree is priced from t(8) and t(16)
+    (1.44 s), not on the line from t(5) to t(32) (1.27 s)."""
+    clock, model = _clocked_toy(monkeypatch, 0.02, fixed=1.0, extra=lambda n: 0.4 if 7 <= n <= 15 else 0.0)
+    lines = []
+    c = measure(model, past_len=8, repeats=3, measure_head=False, progress=lines.append)
+    assert clock["t"] <= 25.0
+    assert max(n for n in c.sizes if n < 8) == 5 and {8, 16, 24, 32, 48, 64} <= set(c.sizes)
+    assert c(12) == pytest.approx((1.56 + 1.32) / 2, rel=0.02)
+    assert any("sizes between are interpolated" in x for x in lines)
+
+
+def test_a_size_between_two_anchors_runs_in_the_form_both_were_measured_in():
+    """The curve prices a size between two measured sizes by interpolating them; the verifier must run it
+    in their form (Qwen2.5-Coder's curve: anchors 6, 32, 64 measured as weight @ x.T, sizes 7-31 run with
+    stock linears at 1.5-2x the price the fit was told). Where the two forms differ, stock; past the last
+    measured size, stock."""
+    c = LatencyCurve((1, 2, 3, 4, 6, 8, 16, 32, 64), (1.0,) * 9, skinny=(6, 8, 16, 64), packed=(2, 3, 4))
+    assert [c.form(n) for n in (2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 32, 40, 64, 65)] == [
+        "packed", "packed", "packed", "stock", "skinny", "skinny", "skinny", "skinny", "skinny", "stock",
+        "stock", "stock", "skinny", "stock"]
+    forms = c.forms(64)
+    assert forms[13] == "skinny" and 20 not in forms and forms[3] == "packed" and 1 not in forms
 
 
 def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monkeypatch, capsys):
