@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+import goose
 from goose.tools import bench, datasets, models
 from goose.tools.cli import main
 from goose.errors import InvalidInputError
@@ -219,6 +220,27 @@ def test_calibrate_measures_caches_and_prints_the_curve(tiny_model_dir, tmp_path
     rc = main(["calibrate", "--model", str(tiny_model_dir), "--threads", "1"])
     cap = capsys.readouterr()
     assert rc == 0 and "measured in" not in cap.err and "cached:" in cap.out
+
+
+def test_calibrate_caches_the_curve_a_default_decoder_looks_up(tiny_model_dir, monkeypatch, capsys):
+    """Where the packed weights would pass the memory limit, a decoder's verifier asks for a curve measured
+    without them (its own cache key): `goose calibrate` must measure that one, or the first decoder
+    measures again (Qwen2.5-Coder-1.5B in float32 on a 24 GiB machine)."""
+    from goose import latency
+    from goose.tools import models
+    from goose.verifiers import skinny
+
+    monkeypatch.setattr(skinny, "packed_supported", lambda lin: True)
+    monkeypatch.setattr(skinny, "packed_available", lambda lin, limit=None: False)
+    asked = []
+    real = latency.curve_for
+    monkeypatch.setattr(latency, "curve_for", lambda model, **kw: asked.append(kw.get("setup")) or real(model, **kw))
+    assert main(["calibrate", "--model", str(tiny_model_dir), "--threads", "1", "--force"]) == 0
+    capsys.readouterr()
+    model, tok = models.load(str(tiny_model_dir))
+    dec = goose.compose(model, tok, sources=["pld", "tr"], policy="spine-fit")
+    assert asked[0] == dec.verifier.setup() and asked[0]["packed"] is False
+    assert latency.cached_curve(model, dec.verifier.setup()) is not None
 
 
 def _data_folder(root):

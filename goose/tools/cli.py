@@ -115,7 +115,13 @@ def _cmd_calibrate(args) -> int:
     model, _ = models.load(args.model, args.dtype)
     kw = {"sizes": latency.FULL_SIZES, "repeats": latency.FULL_ROUNDS, "budget_s": float("inf"), "stop_ratio": float("inf")} if args.full else {}
     t0 = time.perf_counter()
-    curve = latency.curve_for(model, use_cache=not args.full, force=args.force, **kw)
+    from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+
+    # the curve a default decoder's fit will look up: the same kernel setup (a model whose packed weights
+    # would pass the memory limit gets a curve of its own, measured without them)
+    v = GreedyTreeVerifier(TreeVerifierOptions())
+    v.bind(model)
+    curve = latency.curve_for(model, use_cache=not args.full, force=args.force, setup=v.setup(), **kw)
     print(f"CPU: {machine.describe()}; {args.threads} threads; {latency.describe(model)}")
     print(f"curve ready in {time.perf_counter() - t0:.1f} s ({'cached: ' + str(latency.curve_path(model)) if not args.full else 'not cached (--full)'})")
     t1 = curve(1)
