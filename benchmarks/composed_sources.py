@@ -75,6 +75,8 @@ def main() -> int:
         (["pld", "recall", "tr"], "spine", "recall"),
         (["pld", "recall", "tr"], "spine", None),
         (["recall", "pld", "tr"], "spine", None),
+        (["recall", "tr"], "spine-fit", None),  # the single-spine fits the merged ones are held to
+        (["pld", "tr"], "spine-fit", None),
         (["pld", "recall", "tr"], "spine-fit", None),
         (["recall", "pld", "tr"], "spine-fit", None),
         (["pld", "recall", "tr"], "spine-fit{shadow_depth=1}", None),  # one depth past the verified spine
@@ -82,6 +84,7 @@ def main() -> int:
         (["suffix"], "chain", None),  # the built-in cross-request source (plugins/suffix.py)
         (["pld", "suffix", "tr"], "spine", None),
         (["suffix", "pld", "tr"], "spine", None),
+        (["suffix", "tr"], "spine-fit", None),
         (["pld", "suffix", "tr"], "spine-fit", None),
         (["suffix", "pld", "tr"], "spine-fit", None),
     ]

@@ -29,8 +29,9 @@ FULL_SIZES = (*range(1, 65), 80, 96, 128)
 COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
 # where the time budget stops the walk over SIZES, these larger sizes are still timed once each, in this
-# order, while it allows (the widest span first; the sizes between are interpolated and run in their form)
-ANCHORS = (32, 64, 16, 8, 24, 48, 12)
+# order, while it allows (the widest span first; the sizes between are interpolated and run in their form;
+# past 64 only where the walk got that far: Gemma-3's stopped at 64 on the 60% share)
+ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
 CURVE_VERSION = 11  # bump when the measuring method changes: cached curves are measured anew
 # A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
@@ -266,12 +267,13 @@ def measure(
 
     Sizes are measured in increasing order, one timed forward each per round, until a forward costs
     ``stop_ratio`` one-token forwards (no tree the sources draft pays at that price; the curve
-    is extended in proportion beyond) or, past size 4, ``WALK_SHARE`` (60%) of ``budget_s`` is spent (on a steep
-    curve the sizes that could pay are the small ones; then ``ANCHORS``, 32 and 64 first, then 16, 8,
-    24, 48 and 12, are timed once each where the rest of the budget allows, in the form of the nearest
-    compared size, guessing each one's time on the line through t(1) and the largest size timed, so that
-    a long chain's cost is interpolated, not extended in proportion, and a size between two anchors
-    runs in their form: :meth:`LatencyCurve.form`),
+    is extended in proportion beyond) or, past size 4, ``WALK_SHARE`` (60%) of ``budget_s`` is spent
+    (on a steep curve the sizes that could pay are the small ones; then ``ANCHORS`` past the walk,
+    32 and 64 first, then 16, 8, 24, 48 and 12, then 128, 96 and 80, are timed once each where the
+    rest of the budget allows, in the form of the nearest compared size, guessing each one's time on
+    the line through t(1) and the largest size timed, so that a long chain's cost is interpolated,
+    not extended in proportion, and a size between two anchors runs in their form:
+    :meth:`LatencyCurve.form`),
     then further rounds over the same sizes while the time ``budget_s`` lasts, ``repeats`` rounds at
     most (at least one). A size or form whose one timing would decide much (the size that would end the
     walk, an anchor over 1.5x its guess, a form about to be dropped) is timed again and the lower time
