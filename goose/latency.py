@@ -131,25 +131,22 @@ class LatencyCurve:
         head = tuple((int(r), float(t)) for r, t in d.get("head", ()))
         return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head, tuple(d.get("packed", ())))
 
-    def _measured_form(self, n: int) -> str:
+    def form(self, n: int) -> str:
+        """The linear layers' form a tree pass of n nodes runs in (a size listed in neither form: stock)."""
         return "skinny" if n in self.skinny else "packed" if n in self.packed else "stock"
 
-    def form(self, n: int) -> str:
-        """The linear layers' form a tree pass of n nodes runs in: the one it was measured fastest in; a
-        size between two measured sizes (anchors past a walk the time budget stopped) takes the form both
-        were measured in, since the curve prices it between them (stock where they differ or past the
-        last size)."""
-        s = self.sizes
-        i = bisect_left(s, n)
-        if i == len(s) or s[i] == n or i == 0:
-            return self._measured_form(n)
-        below, above = self._measured_form(s[i - 1]), self._measured_form(s[i])
-        return below if below == above else "stock"
 
-    def forms(self, upto: int) -> dict[int, str]:
-        """``{n: form}`` for every size 2..``upto`` that does not run stock (:meth:`form`)."""
-        out = {n: self.form(n) for n in range(2, upto + 1)}
-        return {n: f for n, f in out.items() if f != "stock"}
+def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict[int, str]:
+    """The form of each size past ``last`` (the walk's end) up to ``upto`` that was not timed, where the timed
+    sizes either side of it (``last`` or an anchor) share a form other than stock: the curve prices such a
+    size between those two, so it must run in their form (Qwen2.5-Coder-1.5B with anchors 6, 32, 64 as
+    ``weight @ x.T``: sizes 7-31 ran with stock linears at 1.5-2x the price the fit was told)."""
+    out = {}
+    pts = sorted(n for n in timed if n >= last)
+    for a, b in zip(pts, pts[1:]):
+        if timed[a] is not None and timed[a] == timed[b]:
+            out.update({n: timed[a] for n in range(a + 1, min(b, upto + 1))})
+    return out
 
 
 def _setup(setup: dict | None) -> dict:
@@ -272,8 +269,8 @@ def measure(
     32 and 64 first, then 16, 8, 24, 48 and 12, then 128, 96 and 80, are timed once each where the
     rest of the budget allows, in the form of the nearest compared size, guessing each one's time on
     the line through t(1) and the largest size timed, so that a long chain's cost is interpolated,
-    not extended in proportion, and a size between two anchors runs in their form:
-    :meth:`LatencyCurve.form`),
+    not extended in proportion, and a size between two anchors of one form is listed in that form, so
+    that the verifier runs it as the curve prices it: :func:`_between_anchors`),
     then further rounds over the same sizes while the time ``budget_s`` lasts, ``repeats`` rounds at
     most (at least one). A size or form whose one timing would decide much (the size that would end the
     walk, an anchor over 1.5x its guess, a form about to be dropped) is timed again and the lower time
@@ -371,6 +368,7 @@ def measure(
         say(f"time budget reached at size {last}" + (f", then sizes {', '.join(map(str, timed))}" if timed else "")
             + ": sizes between are interpolated, larger ones extended in proportion")
     kept = sorted(times)
+    filled = _between_anchors(form, last, MAX_ROWS) if last is not None else {}
     for r in range(1, repeats):
         spent = time.perf_counter() - t_start
         one_round = sum(times[n][0] for n in kept)
@@ -384,8 +382,9 @@ def measure(
     v.end()
     if "packed" not in form.values():  # the packs are memory the verifier will not read
         skinny_mod.release_packs(v._linears)
-    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in kept if form[n] == "skinny"), head,
-                        tuple(n for n in kept if form[n] == "packed"))
+    every = {**filled, **{n: form[n] for n in kept}}  # sizes between anchors run in the anchors' form
+    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in sorted(every) if every[n] == "skinny"), head,
+                        tuple(n for n in sorted(every) if every[n] == "packed"))
 
 
 def check(model, curve: LatencyCurve, setup: dict | None = None, tolerance: float = CHECK_TOLERANCE,

@@ -236,11 +236,12 @@ def test_calibrate_caches_the_curve_a_default_decoder_looks_up(tiny_model_dir, m
     real = latency.curve_for
     monkeypatch.setattr(latency, "curve_for", lambda model, **kw: asked.append(kw.get("setup")) or real(model, **kw))
     assert main(["calibrate", "--model", str(tiny_model_dir), "--threads", "1", "--force"]) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out
     model, tok = models.load(str(tiny_model_dir))
     dec = goose.compose(model, tok, sources=["pld", "tr"], policy="spine-fit")
     assert asked[0] == dec.verifier.setup() and asked[0]["packed"] is False
     assert latency.cached_curve(model, dec.verifier.setup()) is not None
+    assert f"cached: {latency.curve_path(model, dec.verifier.setup())}" in out  # the file it wrote
 
 
 def _data_folder(root):

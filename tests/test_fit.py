@@ -147,17 +147,20 @@ def test_a_budget_stopped_walk_times_anchors_between_its_end_and_64(monkeypatch)
     assert any("sizes between are interpolated" in x for x in lines)
 
 
-def test_a_size_between_two_anchors_runs_in_the_form_both_were_measured_in():
-    """The curve prices a size between two measured sizes by interpolating them; the verifier must run it
-    in their form (Qwen2.5-Coder's curve: anchors 6, 32, 64 measured as weight @ x.T, sizes 7-31 run with
-    stock linears at 1.5-2x the price the fit was told). Where the two forms differ, stock; past the last
-    measured size, stock."""
-    c = LatencyCurve((1, 2, 3, 4, 6, 8, 16, 32, 64), (1.0,) * 9, skinny=(6, 8, 16, 64), packed=(2, 3, 4))
-    assert [c.form(n) for n in (2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 32, 40, 64, 65)] == [
-        "packed", "packed", "packed", "stock", "skinny", "skinny", "skinny", "skinny", "skinny", "stock",
-        "stock", "stock", "skinny", "stock"]
-    forms = c.forms(64)
-    assert forms[13] == "skinny" and 20 not in forms and forms[3] == "packed" and 1 not in forms
+def test_sizes_between_two_anchors_of_one_form_are_listed_in_that_form():
+    """The curve prices a size between two timed sizes by interpolating them; the verifier must run it in
+    their form (Qwen2.5-Coder's curve: 6, 32, 64 timed as weight @ x.T, sizes 7-31 ran with stock linears at
+    1.5-2x the price the fit was told). Only past the walk's end: sizes the walk skips by design (25-27 between
+    24 and 28) keep running stock. Where the two forms differ, or either is stock, stock; none past 64."""
+    from goose.latency import _between_anchors
+
+    timed = {1: None, 2: "packed", 3: "packed", 4: "packed", 5: None, 6: "skinny", 8: "skinny", 16: "skinny",
+             24: "packed", 32: "packed", 48: None, 64: None, 128: "skinny"}
+    got = _between_anchors(timed, 6, 64)
+    assert {n: got[n] for n in (7, 9, 15)} == {7: "skinny", 9: "skinny", 15: "skinny"}
+    assert all(got[n] == "packed" for n in range(25, 32))
+    assert not any(n in got for n in (*range(17, 24), *range(33, 48), *range(49, 129)))
+    assert _between_anchors(timed, 16, 64).keys() == set(range(25, 32))  # nothing below the walk's end
 
 
 def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monkeypatch, capsys):

@@ -77,18 +77,6 @@ def test_auto_uses_the_calibrated_sizes(monkeypatch):
     assert stock.verifier._form_for(4) is None
 
 
-def test_auto_runs_a_size_between_two_anchors_in_their_form(monkeypatch):
-    """A budget-stopped curve measured 4 and 32 as weight @ x.T: 5-31 run so too (the curve prices them
-    between the two), 2-3 and past 32 stock (latency.LatencyCurve.form)."""
-    from goose import latency
-
-    curve = latency.LatencyCurve((1, 2, 3, 4, 32), (1.0, 1.0, 1.0, 1.0, 2.0), skinny=(4, 32))
-    monkeypatch.setattr(latency, "cached_curve", lambda m, setup=None: curve)
-    v = goose.compose(get("llama"), None, sources=["pld"], policy="chain", budget=8).verifier
-    assert v._form_for(4) == v._form_for(17) == v._form_for(32) == "skinny"
-    assert v._form_for(2) is None and v._form_for(3) is None and v._form_for(33) is None
-
-
 def test_calibration_times_both_forms():
     from goose.latency import measure
 

@@ -211,10 +211,9 @@ class GreedyTreeVerifier(Verifier):
             if curve is not None and curve.head:
                 self._head_curve = curve  # how many rows the deferred prefill rows are run as
             if curve is not None and self._linears:
-                # every size up to MAX_ROWS, those between two anchors too (LatencyCurve.form)
-                forms = curve.forms(skinny.MAX_ROWS)
-                if not (curve.packed and skinny.packed_available(self._linears, self.options.pack_limit_mib)):
-                    forms = {k: f for k, f in forms.items() if f != "packed"}
+                forms.update({k: "skinny" for k in curve.skinny})
+                if curve.packed and skinny.packed_available(self._linears, self.options.pack_limit_mib):
+                    forms.update({k: "packed" for k in curve.packed})
         if "packed" in forms.values() or self.options.linear == "packed":
             if not skinny.prepack(self._linears, self.options.pack_limit_mib):
                 if self.options.linear == "packed":
