@@ -28,9 +28,9 @@ FULL_SIZES = (*range(1, 65), 80, 96, 128)
 # nearest compared size (the forms switch at a crossover, not back and forth)
 COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
-# where the time budget stops the walk over SIZES, these larger sizes are still timed once each, in this
-# order, while it allows (the widest span first; the sizes between are interpolated and run in their form;
-# past 64 only where the walk got that far: Gemma-3's stopped at 64 on the 60% share)
+# where the time budget stops the walk over SIZES, the sizes past it among these are still timed once each,
+# in this order, while it allows (the widest span first; the sizes between are interpolated and listed in
+# their form; 128, 96, 80 last: Gemma-3's walk stopped at 64 on the 60% share)
 ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
 CURVE_VERSION = 11  # bump when the measuring method changes: cached curves are measured anew
@@ -348,7 +348,7 @@ def measure(
         # a few larger sizes, once each, where the rest of the budget allows: past the walked sizes the
         # curve then interpolates instead of extending in proportion, which overstated a 1.5B model's
         # 52-token chain threefold (3.8 s extended from size 11; 1.28 s as verified)
-        cap = sizes[-1] + 1  # anchors from here on cost more than any tree can pay
+        cap = sizes[-1] + 1  # anchors at or above it are skipped: one over stop_ratio x t(1) lowers it
         for a in (a for a in ANCHORS if last < a <= sizes[-1]):
             if a >= cap:
                 continue
