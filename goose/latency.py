@@ -368,7 +368,6 @@ def measure(
         say(f"time budget reached at size {last}" + (f", then sizes {', '.join(map(str, timed))}" if timed else "")
             + ": sizes between are interpolated, larger ones extended in proportion")
     kept = sorted(times)
-    filled = _between_anchors(form, last, MAX_ROWS) if last is not None else {}
     for r in range(1, repeats):
         spent = time.perf_counter() - t_start
         one_round = sum(times[n][0] for n in kept)
@@ -382,6 +381,7 @@ def measure(
     v.end()
     if "packed" not in form.values():  # the packs are memory the verifier will not read
         skinny_mod.release_packs(v._linears)
+    filled = _between_anchors(form, last, MAX_ROWS) if last is not None else {}
     every = {**filled, **{n: form[n] for n in kept}}  # sizes between anchors run in the anchors' form
     return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in sorted(every) if every[n] == "skinny"), head,
                         tuple(n for n in sorted(every) if every[n] == "packed"))

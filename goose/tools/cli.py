@@ -121,9 +121,10 @@ def _cmd_calibrate(args) -> int:
     # would pass the memory limit gets a curve of its own, measured without them)
     v = GreedyTreeVerifier(TreeVerifierOptions())
     v.bind(model)
-    curve = latency.curve_for(model, use_cache=not args.full, force=args.force, setup=v.setup(), **kw)
+    setup = v.setup()
+    curve = latency.curve_for(model, use_cache=not args.full, force=args.force, setup=setup, **kw)
     print(f"CPU: {machine.describe()}; {args.threads} threads; {latency.describe(model)}")
-    print(f"curve ready in {time.perf_counter() - t0:.1f} s ({'cached: ' + str(latency.curve_path(model, v.setup())) if not args.full else 'not cached (--full)'})")
+    print(f"curve ready in {time.perf_counter() - t0:.1f} s ({'cached: ' + str(latency.curve_path(model, setup)) if not args.full else 'not cached (--full)'})")
     t1 = curve(1)
     print("| n | ms | x t(1) | linear layers |\n|---|---|---|---|")
     for n in curve.sizes:
