@@ -601,6 +601,13 @@ class Decoder:
         return tree
 
     def _observe(self, worker: _Worker, v: Verified) -> None:
+        rows, n = int(v.logits.shape[0]), int(v.tokens.shape[0])
+        if rows != n:  # the sources index the logits by the tokens' positions
+            raise PluginError(
+                f"Verifier {worker.verifier.name!r} returned a {v.kind} pass with {rows} logit rows for {n} "
+                f"tokens; a Verified holds one row per token (Verified.logits[i] follows Verified.tokens[i]). "
+                "Hint: slice the tokens and predecessors to the rows the forward computed."
+            )
         for s in worker.sources:
             try:
                 s.observe(v)

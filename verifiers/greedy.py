@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 import time
 from typing import Literal
 
@@ -267,21 +268,14 @@ class GreedyTreeVerifier(Verifier):
         if parts is None:
             logits = self._forward(ids, position_ids=pos, keep=k)
         else:
-            held = []
-
-            def grab(_module, _args, out):  # the decoder's last hidden state (after its final norm)
-                h = out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
-                held.append(h[0, -k:].detach().clone())
-
-            handle = parts[0].register_forward_hook(grab)
-            try:
+            with final_hidden(parts[0], k) as held:
                 logits = self._forward(ids, position_ids=pos, keep=1)
-            finally:
-                handle.remove()
             if len(held) == 1:
                 self.deferred_prefill = (ids[0, n - k :], prev, held[0], logits[-1].clone())
                 k = 1
-                prev = prev[-1:]
+            else:  # no rows held (the decoder ran more than once): the rows the forward computed, and their tokens
+                k = min(k, logits.shape[0])
+            prev = prev[-k:]
         if logits.shape[0] > k:  # a model without logits_to_keep computed them all
             logits = logits[-k:]
         self.timers["prefill_forward"] += time.perf_counter() - t0
@@ -442,6 +436,29 @@ class GreedyTreeVerifier(Verifier):
     def stats(self) -> dict:
         """Seconds spent per part of verification in the last generation."""
         return dict(getattr(self, "timers", {}))
+
+
+@contextlib.contextmanager
+def final_hidden(decoder: torch.nn.Module, k: int):
+    """Within the block, the last ``k`` rows of each output of ``decoder`` (its final hidden states, after
+    the final norm) run by **this thread**, appended to the list yielded.
+
+    The hook sits on a module that every thread sharing the model runs through, so a concurrent call's
+    passes (a tree of 5 nodes beside this prompt of 200) reach it too; it keeps this thread's only."""
+    held: list[torch.Tensor] = []
+    me = threading.get_ident()
+
+    def grab(_module, _args, out):
+        if threading.get_ident() != me:
+            return
+        h = out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+        held.append(h[0, -k:].detach().clone())
+
+    handle = decoder.register_forward_hook(grab)
+    try:
+        yield held
+    finally:
+        handle.remove()
 
 
 def input_device(model, default: torch.device) -> torch.device:
