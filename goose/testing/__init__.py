@@ -11,11 +11,12 @@
   source keeps output identical to greedy decoding.
 """
 
-from goose.testing.toy import ToyCausalLM, reference_greedy, reference_logits, reference_next, reference_sample
+from goose.testing.toy import ToyCausalLM, ToySplitLM, reference_greedy, reference_logits, reference_next, reference_sample
 from goose.testing.kit import ArbitraryTreeSource, SourceLosslessnessKit, trees
 
 __all__ = [
     "ToyCausalLM",
+    "ToySplitLM",
     "reference_greedy",
     "reference_sample",
     "reference_logits",

@@ -50,33 +50,92 @@ class ToyCausalLM(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, **kwargs):
         self.forward_calls += 1
-        ids = input_ids[0].long()  # [n]
-        n = ids.shape[0]
-        past = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            pos = torch.arange(past, past + n)
-        else:
-            pos = position_ids[0].long()
-        kv = torch.stack([ids, pos], dim=-1).to(torch.float32).view(1, 1, n, 2)
-        if cache is not None:
-            keys, _ = cache.update(kv, kv, 0)
-        else:
-            keys = kv
-        ktok = keys[0, 0, :, 0].long()  # [L]
-        kpos = keys[0, 0, :, 1].long()  # [L]
-        L = ktok.shape[0]
-        if attention_mask is None or attention_mask.dim() == 2:
-            attend = torch.arange(L).view(1, L) <= (torch.arange(n) + (L - n)).view(n, 1)
-        else:
-            if attention_mask.shape[-1] != L or attention_mask.shape[-2] != n:
-                raise ValueError(f"mask shape {tuple(attention_mask.shape)} does not fit n={n}, kv={L}")
-            attend = attention_mask[0, 0] == 0  # additive mask: 0 = attend
-        contrib = ((ktok + 1) * _weight(kpos)) % MOD  # [L]
-        h = (attend.long() * contrib.view(1, L)).sum(-1) % MOD  # [n]
-        target = _target(h, pos, self.vocab_size)  # [n]
-        v = torch.arange(self.vocab_size).view(1, -1)
-        logits = -((v - target.view(-1, 1)) % self.vocab_size).to(torch.float32)
-        return SimpleNamespace(logits=logits.unsqueeze(0), cache=cache, past_key_values=cache)
+        target = _toy_targets(input_ids, attention_mask, position_ids, cache, self.vocab_size)
+        return SimpleNamespace(logits=_toy_logits(target, self.vocab_size), cache=cache, past_key_values=cache)
+
+
+def _toy_targets(input_ids, attention_mask, position_ids, cache, vocab: int) -> torch.Tensor:
+    """The toy's ``[n]`` greedy targets for one pass (the cache updated with its (token, position) rows)."""
+    ids = input_ids[0].long()  # [n]
+    n = ids.shape[0]
+    past = cache.get_seq_length() if cache is not None else 0
+    if position_ids is None:
+        pos = torch.arange(past, past + n)
+    else:
+        pos = position_ids[0].long()
+    kv = torch.stack([ids, pos], dim=-1).to(torch.float32).view(1, 1, n, 2)
+    if cache is not None:
+        keys, _ = cache.update(kv, kv, 0)
+    else:
+        keys = kv
+    ktok = keys[0, 0, :, 0].long()  # [L]
+    kpos = keys[0, 0, :, 1].long()  # [L]
+    L = ktok.shape[0]
+    if attention_mask is None or attention_mask.dim() == 2:
+        attend = torch.arange(L).view(1, L) <= (torch.arange(n) + (L - n)).view(n, 1)
+    else:
+        if attention_mask.shape[-1] != L or attention_mask.shape[-2] != n:
+            raise ValueError(f"mask shape {tuple(attention_mask.shape)} does not fit n={n}, kv={L}")
+        attend = attention_mask[0, 0] == 0  # additive mask: 0 = attend
+    contrib = ((ktok + 1) * _weight(kpos)) % MOD  # [L]
+    h = (attend.long() * contrib.view(1, L)).sum(-1) % MOD  # [n]
+    return _target(h, pos, vocab)
+
+
+def _toy_logits(target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[1, n, vocab]`` logits ``-((v - target) mod V)`` of ``[n]`` targets (exact in float32)."""
+    v = torch.arange(vocab).view(1, -1)
+    return -((v - target.view(-1, 1)) % vocab).to(torch.float32).unsqueeze(0)
+
+
+class ToyDecoder(nn.Module):
+    """The decoder part of :class:`ToySplitLM`: its "final hidden state" is each position's target."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, **kwargs):
+        target = _toy_targets(input_ids, attention_mask, position_ids, cache, self.vocab_size)
+        return SimpleNamespace(last_hidden_state=target.to(torch.float32).view(1, -1, 1))
+
+
+class ToyHead(nn.Module):
+    """The LM head of :class:`ToySplitLM`: ``[..., 1]`` hidden targets to ``[..., vocab]`` logits."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        v = torch.arange(self.vocab_size, dtype=torch.float32)
+        return -torch.remainder(v - hidden[..., :1], self.vocab_size)
+
+
+class ToySplitLM(ToyCausalLM):
+    """:class:`ToyCausalLM` as transformers' causal LMs are built: a decoder module (``get_decoder``), an
+    LM head applied apart (``get_output_embeddings``) and ``logits_to_keep``. The verifier then defers the
+    prefill's logit rows (it keeps the decoder's last hidden states and runs the head when the first draft
+    needs them), as it does on real models; the logits are the same exact integers as the toy's."""
+
+    def __init__(self, vocab_size: int = 16, max_positions: int = 4096, eos_token_id: int | None = None):
+        super().__init__(vocab_size, max_positions, eos_token_id)
+        self.model = ToyDecoder(vocab_size)
+        self.lm_head = ToyHead(vocab_size)
+
+    def get_decoder(self) -> nn.Module:
+        return self.model
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True,
+                logits_to_keep: int = 0, **kwargs):
+        self.forward_calls += 1
+        hidden = self.model(input_ids, attention_mask, position_ids, cache).last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self.lm_head(hidden), cache=cache, past_key_values=cache)
 
 
 def reference_next(seq: Sequence[int], vocab_size: int) -> int:
