@@ -13,6 +13,8 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -40,6 +42,11 @@ CURVE_VERSION = 11  # bump when the measuring method changes: cached curves are 
 CHECK_SIZES = (1, 4)
 CHECK_TOLERANCE = 1.3  # now / cached beyond this factor, either way: measured anew
 _checked: set[str] = set()  # cache files checked (or measured) in this process
+# One lock per cache file: threads of one process that need the same curve wait for the one that checks
+# or measures it (two measurements at once would time each other's load). Across processes the file is
+# written atomically (write_atomic): a reader finds the old curve or the new one, never a torn file.
+_path_locks: dict[str, threading.Lock] = {}
+_path_locks_lock = threading.Lock()
 
 log = logging.getLogger("goose")
 
@@ -512,6 +519,17 @@ def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | 
         measure_kw["compare_linear"] = False
     measure_kw["setup"] = setup
     path = curve_path(model, setup)
+    with _path_lock(path):
+        return _curve_at(model, path, setup, use_cache, force, check_cached, measure_kw)
+
+
+def _path_lock(path: Path) -> threading.Lock:
+    with _path_locks_lock:
+        return _path_locks.setdefault(str(path), threading.Lock())
+
+
+def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, check_cached: bool,
+              measure_kw: dict) -> LatencyCurve:
     if use_cache and not force:
         cached = cached_curve(model, setup)
         if cached is not None:
@@ -542,6 +560,24 @@ def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | 
         + (f"; cached in {path}" if use_cache else "")
     )
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(curve.to_dict()))
+        write_atomic(path, json.dumps(curve.to_dict()))
     return curve
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, whoever reads it meanwhile: written to a temporary
+    file in the same folder, then renamed over it (``os.replace`` is atomic within one file system)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

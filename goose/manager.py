@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -108,6 +109,9 @@ _pm: pluggy.PluginManager | None = None
 _registry: Registry | None = None
 _origins: dict[str, str] = {}
 _broken: dict[str, str] = {}  # plugin name -> why it was left out
+# Building, changing and resetting the registry take this lock (two threads composing their first decoders
+# at once build it once); reading a built registry does not: a Registry is never changed once published.
+_lock = threading.RLock()
 
 
 def _known_hooks() -> str:
@@ -130,6 +134,13 @@ def get_plugin_manager() -> pluggy.PluginManager:
     global _pm
     if _pm is not None:
         return _pm
+    with _lock:
+        if _pm is None:
+            _pm = _new_plugin_manager()
+        return _pm
+
+
+def _new_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager("goose")
     pm.add_hookspecs(hookspecs)
     for modname in DEFAULT_PLUGINS:
@@ -145,7 +156,6 @@ def get_plugin_manager() -> pluggy.PluginManager:
             f"Plugin {exc.plugin_name!r} implements a hook Goose does not define: {exc}. "
             f"Known hooks: {_known_hooks()}."
         ) from exc
-    _pm = pm
     return pm
 
 
@@ -181,9 +191,14 @@ def register_plugin(plugin: object, name: str | None = None) -> None:
 
     Atomic: the plugin's hooks are checked and its components registered now; if any of that
     fails, a ``PluginError`` says why and nothing of the plugin stays registered."""
+    with _lock:
+        _register_plugin(plugin, name)
+
+
+def _register_plugin(plugin: object, name: str | None) -> None:
     global _registry
     pm = get_plugin_manager()
-    before = get_registry()
+    before, broken_before = get_registry(), dict(_broken)
     if name is not None and pm.get_plugin(name) is not None:
         raise PluginError(
             f"A plugin named {name!r} is registered already ({_origins.get(name, '?')}). "
@@ -213,6 +228,8 @@ def register_plugin(plugin: object, name: str | None = None) -> None:
             pm.unregister(name=pname)
         _origins.pop(pname, None)
         _registry = before
+        _broken.clear()
+        _broken.update(broken_before)
         raise
 
 
@@ -220,6 +237,11 @@ def unregister_plugin(name: str) -> None:
     """Remove a plugin registered at run time (or loaded from an entry point) and its components.
 
     A name that is not registered is a ``PluginError`` naming the registered ones."""
+    with _lock:
+        _unregister_plugin(name)
+
+
+def _unregister_plugin(name: str) -> None:
     pm = get_plugin_manager()
     if pm.get_plugin(name) is None:
         names = sorted(n for n, _ in pm.list_name_plugin())
@@ -233,10 +255,13 @@ def unregister_plugin(name: str) -> None:
 def get_registry() -> Registry:
     """The component registry, built from the registration hooks on first use."""
     global _registry
-    if _registry is not None:
+    reg = _registry
+    if reg is not None:
+        return reg
+    with _lock:
+        if _registry is None:
+            _registry = _build_registry(get_plugin_manager())
         return _registry
-    _registry = _build_registry(get_plugin_manager())
-    return _registry
 
 
 def _build_registry(pm: pluggy.PluginManager, strict_for: str | None = None) -> Registry:
@@ -325,7 +350,8 @@ def _make_register(reg: list, kind: str, provider: str, origin: str):
 def reset() -> None:
     """Forget the plugin manager and registry (tests; after installing a plugin at run time)."""
     global _pm, _registry
-    _pm = None
-    _registry = None
-    _origins.clear()
-    _broken.clear()
+    with _lock:
+        _pm = None
+        _registry = None
+        _origins.clear()
+        _broken.clear()

@@ -36,11 +36,9 @@ from goose.policies.spine import (
     BRANCH,
     ROOT_BRANCH,
     SPINE,
-    chain_only,
     require_some_source,
     resolve_spine_source,
     spine_and_successors,
-    two_source_start,
 )
 from goose.policies.merge import CHAIN, Drafted, SourceRates, chain_sources, gather, rank
 from goose.tree import ROOT, DraftTree

@@ -40,9 +40,9 @@ trees. With neither, ``bind`` refuses.
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter, deque
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -96,40 +96,6 @@ def require_some_source(policy: str, sources: Sequence[DraftSource]) -> None:
             "spine and/or a successor source (e.g. 'tr') for the branches; got sources=[]. "
             "Hint: sources=['pld', 'tr']."
         )
-
-
-def chain_and_confidence(ctx: DraftContext, name: str | None, use_confidence: bool) -> tuple[Sequence[int], float]:
-    """The spine source's chain and confidence this step; without confidence, the unextended chain and 0."""
-    if name is None:
-        return (), 0.0
-    prop = ctx.proposal(name)
-    if prop is None or not len(prop):
-        return (), 0.0
-    chain = first_chain(prop)
-    if not use_confidence:
-        base = prop.info.get("match_len") if prop.info else None
-        return (chain[:base] if isinstance(base, int) else chain), 0.0
-    conf = prop.confidence
-    return chain, (0.0 if conf < 0.0 else 1.0 if conf > 1.0 else conf)
-
-
-@lru_cache(maxsize=4096)
-def two_source_start(ctx: DraftContext, spine: str | None, options) -> tuple:
-    """The shared start of the two-source trees (spine, isotropic): the context-match chain, its
-    confidence, the budget extended by that confidence, and the root's successors (ids, scores)."""
-    chain, conf = chain_and_confidence(ctx, spine, options.confidence)
-    budget = ctx.budget + int(conf * options.extension)
-    depth = 1 if getattr(options, "coupled", False) else None  # the isotropic policies have no such option
-    ids, scores, _ = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor, depth)
-    return chain, conf, budget, ids, scores
-
-
-def chain_only(ctx: DraftContext, chain: Sequence[int], budget: int) -> DraftTree | None:
-    """No successor at the root: the plain chain route, or nothing to draft."""
-    n = min(len(chain), budget - 1, ctx.state.max_depth)
-    if n <= 0:
-        return None
-    return DraftTree.from_chain(ctx.state.anchor, chain[:n], SPINE, route="chain")
 
 
 def harmonic_split(share: int, positions: int) -> tuple[int, ...]:
@@ -479,7 +445,7 @@ class BypassOptions(Options):
     max_chain: int = Field(100, ge=1, description="longest chain a bypass verifies (the longest extended chain)")
 
 
-_NESTING = [0]
+_NESTING = threading.local()  # .depth: bypass policies under construction in this thread (inner within inner)
 _MAX_NESTING = 8
 
 
@@ -494,16 +460,16 @@ class BypassPolicy(TreePolicy):
         from goose.compose import build_inner
 
         o = self.options
-        _NESTING[0] += 1
+        _NESTING.depth = getattr(_NESTING, "depth", 0) + 1
         try:
-            if _NESTING[0] > _MAX_NESTING:
+            if _NESTING.depth > _MAX_NESTING:
                 raise InvalidInputError(
                     f"bypass policies nest more than {_MAX_NESTING} deep (inner={o.inner!r}); does the "
                     "inner policy wrap itself? Hint: inner='spine-tree'."
                 )
             self.inner: TreePolicy = build_inner(o.inner, o.inner_options, {"spine_source": o.spine_source}, self.name)
         finally:
-            _NESTING[0] -= 1
+            _NESTING.depth -= 1
         self._spine: str | None = None
         self._bound = False
         self._thresholds: dict[int, int] = {}

@@ -26,6 +26,7 @@ criterion), as transformers stops, so no draw is spent that transformers would n
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -209,10 +210,16 @@ def _probe_gumbel() -> bool:
 _GUMBEL: list[bool] = []
 
 
+_PROBE_LOCK = threading.Lock()
+
+
 def _memo(store: list[bool], probe: Callable[[], bool]) -> bool:
-    """``probe()`` once per process, kept in ``store`` (tests set ``store[:] = [False]`` to turn a path off)."""
+    """``probe()`` once per process, kept in ``store`` (tests set ``store[:] = [False]`` to turn a path off);
+    a thread that finds it running waits for its answer."""
     if not store:
-        store.append(probe())
+        with _PROBE_LOCK:
+            if not store:
+                store.append(probe())
     return store[0]
 
 

@@ -218,12 +218,19 @@ def linears(model) -> list[torch.nn.Linear]:
     """The model's plain ``nn.Linear`` modules that run their class's own ``forward``.
 
     Subclasses (quantised layers) are left alone, and so is any module whose ``forward`` was
-    already replaced on the instance: accelerate's hooks (offloading, device maps) live there, and
-    the reroute must neither replace nor remove them."""
+    already replaced on the instance by anyone but :func:`rerouted`: accelerate's hooks (offloading, device
+    maps) live there, and the reroute must neither replace nor remove them."""
     return [
         m for m in model.modules()
-        if type(m) is torch.nn.Linear and "forward" not in m.__dict__ and not hasattr(m, "_hf_hook")
+        if type(m) is torch.nn.Linear and _own_forward(m) and not hasattr(m, "_hf_hook")
     ]
+
+
+def _own_forward(m: torch.nn.Module) -> bool:
+    """The layer runs its class's ``forward``, or this module's reroute (another thread's tree pass in
+    progress while a decoder is composed on the same model), not a forward someone else put there."""
+    f = m.__dict__.get("forward")
+    return f is None or getattr(f, "__func__", None) is _tree_forward
 
 
 @contextmanager
