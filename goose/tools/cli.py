@@ -86,8 +86,9 @@ def _cmd_models(args) -> int:
             note = f"; {spec.note}" if spec.note else ""
             print(f"{name:<20} {spec.description}  [{state}{note}]")
         return 0
-    path = models.pull(args.name, force=args.force)
-    print(f"{args.name}: ready at {path}")
+    for name in args.names or ["smollm2"]:
+        path = models.pull(name, force=args.force)
+        print(f"{name}: ready at {path}")
     return 0
 
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sm = sub.add_parser("models", help="obtain and convert the offline models")
     sm.add_argument("action", choices=["pull", "list"])
-    sm.add_argument("name", nargs="?", default="smollm2", help="a model of `goose models list` (default smollm2)")
+    sm.add_argument("names", nargs="*", metavar="NAME", help="models of `goose models list`, pulled in turn (default smollm2)")
     sm.add_argument("--force", action="store_true", help="convert again even if converted")
     sm.set_defaults(func=_cmd_models)
 
