@@ -1,83 +1,19 @@
-"""``compose``: resolve names through the registry once, validate options, build a Decoder."""
+"""``compose``: build each named component through the registry (goose.manager), bind them, make a Decoder."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from pydantic import ValidationError
-
 from goose.decoding import Decoder
 from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, TreePolicy, Verifier
-from goose.manager import Entry, get_plugin_manager, get_registry
+from goose.manager import build_component, get_plugin_manager
 
 ComponentSpec = str | tuple[str, Mapping] | object
 
 
-def component_options(entry: Entry, overrides: Mapping | None):
-    """Validate ``overrides`` against a registry entry's Options (defaults applied); clear errors."""
-    if overrides is not None and not isinstance(overrides, Mapping):
-        raise InvalidInputError(
-            f"options for {entry.kind} {entry.name!r} must be a dict, got {type(overrides).__name__}"
-        )
-    try:
-        return entry.options(dict(overrides or {}))
-    except ValidationError as exc:
-        fields = sorted(entry.cls.Options.model_fields)
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc']) or '(options)'}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
-        raise InvalidInputError(
-            f"Invalid options for {entry.kind} {entry.name!r}: {problems}. "
-            f"Allowed options: {', '.join(fields) or '(none)'}."
-        ) from exc
-
-
 class CompositionWarning(UserWarning):
     """A composed decoder holds a part that will never be used (e.g. a source no policy consults)."""
-
-
-def build_inner(name: str, options: Mapping | None, inherit: Mapping | None = None, outer: str = "") -> TreePolicy:
-    """An inner policy by registry name, for wrapping policies (bypass, fit): options validated.
-
-    ``inherit``: options set on the wrapping policy (e.g. ``spine_source``) that reach the inner
-    one where it has that option; the same option set differently in ``options`` is an error."""
-    entry = get_registry().get("policy", name)
-    options = dict(options or {})
-    for key, value in (inherit or {}).items():
-        if value is None or key not in entry.cls.Options.model_fields:
-            continue
-        if key in options and options[key] != value:
-            raise InvalidInputError(
-                f"policy {outer or 'wrapper'!r}: {key}={value!r} and inner_options {key}={options[key]!r} disagree. "
-                f"Hint: set {key} once, on the outer policy; it reaches the policies it wraps."
-            )
-        options[key] = value
-    inst = entry.cls(component_options(entry, options))
-    inst.name = entry.alias_of or entry.name
-    return inst
-
-
-def _build(kind: str, spec, base: type, extra_options: Mapping | None):
-    """Turn a name, a (name, options) pair or a ready instance into a component instance."""
-    if isinstance(spec, base):
-        if extra_options:
-            raise InvalidInputError(f"options given for a ready-made {kind} instance {spec!r}; set them on it")
-        return spec
-    opts = None
-    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
-        spec, opts = spec
-    if not isinstance(spec, str):
-        raise InvalidInputError(
-            f"a {kind} is given by name (str), (name, options) or a goose.{base.__name__} instance; "
-            f"got {spec!r}"
-        )
-    entry = get_registry().get(kind, spec)
-    merged = {**(opts or {}), **(extra_options or {})}
-    inst = entry.cls(component_options(entry, merged))
-    inst.name = entry.alias_of or entry.name
-    return inst
 
 
 def compose(
@@ -107,7 +43,7 @@ def compose(
     built: list[DraftSource] = []
     for spec in sources:
         name = spec if isinstance(spec, str) else spec[0] if isinstance(spec, tuple) else None
-        built.append(_build("source", spec, DraftSource, source_options.pop(name, None) if name else None))
+        built.append(build_component("source", spec, DraftSource, source_options.pop(name, None) if name else None))
     if source_options:
         raise InvalidInputError(
             f"source_options names {sorted(source_options)} but sources are "
@@ -117,8 +53,8 @@ def compose(
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         raise InvalidInputError(f"draft source(s) {dups} listed twice in sources={names}; list each once")
-    pol = _build("policy", policy, TreePolicy, policy_options)
-    ver = _build("verifier", verifier, Verifier, verifier_options)
+    pol = build_component("policy", policy, TreePolicy, policy_options)
+    ver = build_component("verifier", verifier, Verifier, verifier_options)
     ver.bind(model)
     pol.bind(built)
     consulted = pol.consulted(built)

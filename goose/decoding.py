@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -118,6 +118,42 @@ class _Worker:
     verifier: Verifier
 
 
+@dataclass
+class _Tally:
+    """What one generation counts as it goes: forwards and steps, drafted and accepted tokens per source
+    and per origin, routes, and the seconds each part of a step took."""
+
+    forwards: int = 0
+    steps: int = 0
+    drafted: Counter = field(default_factory=Counter)  # by source name
+    accepted: Counter = field(default_factory=Counter)
+    o_drafted: Counter = field(default_factory=Counter)  # by origin
+    o_accepted: Counter = field(default_factory=Counter)
+    routes: Counter = field(default_factory=Counter)
+    route_time: Counter = field(default_factory=Counter)
+    accept_lengths: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+    sources_s: float = 0.0
+    verify_s: float = 0.0
+    observe_s: float = 0.0
+
+    def count(self, tree: DraftTree, v: Verified, verify_s: float) -> None:
+        """A verified tree: every drafted node, every accepted one, its route and its time."""
+        origins, credited = tree.origins, tree.credited
+        for i in range(1, tree.num_nodes):
+            self.o_drafted[origins[i]] += 1
+            for s in credited(i):
+                self.drafted[s] += 1
+        for i in v.path[1:]:
+            self.o_accepted[origins[i]] += 1
+            for s in credited(i):
+                self.accepted[s] += 1
+        self.routes[tree.route] += 1
+        self.route_time[tree.route] += verify_s
+        self.verify_s += verify_s
+        self.accept_lengths.append(len(v.path) - 1)
+
+
 class Decoder:
     """A composed speculative decoder. Build it with :func:`goose.compose`.
 
@@ -202,7 +238,8 @@ class Decoder:
         return f"<goose.Decoder {self.description}>"
 
     # ---------------------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt) -> torch.Tensor:
+    def prompt_tensor(self, prompt) -> torch.Tensor:
+        """``prompt`` (a str, a 1-D or [1, n] tensor, a list of ids) as checked 1-D token ids; a clear error otherwise."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidInputError(
@@ -319,7 +356,7 @@ class Decoder:
             raise InvalidInputError(f"seed must be an int, got {seed!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise InvalidInputError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        ids = self._prompt_ids(prompt)
+        ids = self.prompt_tensor(prompt)
         prompt_len = ids.numel()
         if self.max_positions is not None and prompt_len + max_new_tokens > self.max_positions:
             raise InvalidInputError(
@@ -334,13 +371,14 @@ class Decoder:
         if seed is not None:
             generator = torch.Generator().manual_seed(seed)
         stops = set(stop_token_ids) if stop_token_ids is not None else set()
-        return self._decode(ids, max_new_tokens, stops | rule.stop_ids, rule, generator, streamer, record_scores,
+        return self.generate_resolved(ids, max_new_tokens, stops | rule.stop_ids, rule, generator, streamer, record_scores,
                             stream_prompt)
 
-    def _decode(self, ids: torch.Tensor, max_new_tokens: int, stop_token_ids, resolved, generator=None,
-                streamer=None, record_scores: bool = False, stream_prompt: bool = True) -> GenerationOutput:
-        """Decode ``ids`` (1-D, checked) under a resolved rule (goose/generation.py; hf_generate
-        hands transformers' own processors and criteria here)."""
+    def generate_resolved(self, ids: torch.Tensor, max_new_tokens: int, stop_token_ids, resolved, generator=None,
+                          streamer=None, record_scores: bool = False, stream_prompt: bool = True) -> GenerationOutput:
+        """Decode ``ids`` (1-D, checked by :meth:`prompt_tensor`) under a rule already resolved
+        (goose/generation.py's ``Resolved``): what :meth:`generate` does after resolving its arguments, and
+        what ``goose.hf_generate`` calls with the processors and criteria transformers' ``generate`` prepared."""
         needs_rule = not resolved.plain_greedy or record_scores
         if needs_rule and not getattr(self.verifier, "supports_rules", False):
             raise InvalidInputError(
@@ -382,134 +420,133 @@ class Decoder:
         return out
 
     def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float, rule=None, streamer=None):
-        sources, policy, verifier = worker.sources, worker.policy, worker.verifier
-        prompt_len = len(prompt_ids)
-
+        """One generation on one component set: begin, prefill and steps, then the output and every end()."""
         request = Request(prompt_ids, self.vocab_size, max_new_tokens, self.budget)
-        for s in sources:
+        for s in worker.sources:
             s.begin(request)
-        policy.begin(request)
+        worker.policy.begin(request)
         if self.hook is not None:
             self.hook.goose_on_generation_start(decoder=self, request=request)
-
-        drafted: Counter = Counter()  # by source name
-        accepted: Counter = Counter()
-        o_drafted: Counter = Counter()  # by origin
-        o_accepted: Counter = Counter()
-        routes: Counter = Counter()
-        route_time: Counter = Counter()
-        accept_lengths: list[int] = []
-        t_draft = t_sources = t_verify = t_observe = 0.0
-        hook_step = self.hook.goose_on_step if self.hook is not None else None
-
-        keep = 1
-        for s in sources:
-            keep = max(keep, int(s.prefill_positions(prompt_len) or 0))
-        keep = max(1, min(int(policy.prefill_positions(prompt_len, keep)), keep, prompt_len))
+        keep = self._prefill_positions(worker, len(prompt_ids))
+        tally = _Tally()
+        verifier = worker.verifier
         if rule is not None:
             verifier.rule = rule
         try:
-            v = verifier.prefill(ids, keep=keep) if _takes_keep(verifier) else verifier.prefill(ids)
-            forwards = 1
-            # a verifier may defer the prefill's other logit rows (GreedyTreeVerifier.prefill_rows): the
-            # sources observe the prefill just before the first draft, with every row, or at the end with
-            # the last row only when the generation ends at its first token
-            deferred = v if getattr(verifier, "deferred_prefill", None) is not None else None
-            if deferred is None:
-                t0 = time.perf_counter()
-                self._observe(worker, v)
-                t_observe += time.perf_counter() - t0
-            seq = list(prompt_ids)
-            view = TokenView(seq)  # what sources read: the same list, read-only
-            new: list[int] = []
-            stopped_by = "none"
-            committed = _cut((v.bonus,), stops, max_new_tokens)
-            step = 0
-            while True:
-                # -- commit (already cut at the first stop token and at max_new_tokens) ---------
-                new.extend(committed)
-                seq.extend(committed)
-                if rule is not None:
-                    rule.commit(committed)
-                if streamer is not None and committed:
-                    streamer.put(torch.tensor([committed], dtype=torch.long))
-                if committed and committed[-1] in stops:
-                    stopped_by = "eos" if committed[-1] in self.eos_token_ids else "stop_token"
-                    break
-                if rule is not None and rule.stopped == "criteria":
-                    stopped_by = "stopping_criteria"
-                    break
-                if len(new) >= max_new_tokens:
-                    stopped_by = "max_new_tokens"
-                    break
-                if deferred is not None:
-                    # the deferred rows' LM head is prefill work, timed by the verifier as prefill_forward:
-                    # only the sources' harvest counts as observe (or the profile counts it twice)
-                    full = verifier.prefill_rows()
-                    t0 = time.perf_counter()
-                    self._observe(worker, deferred if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk))
-                    deferred = None
-                    t_observe += time.perf_counter() - t0
-                # -- draft and shape -----------------------------------------------------------
-                remaining = max_new_tokens - len(new)
-                max_depth = remaining - 1
-                if self.max_positions is not None:
-                    max_depth = min(max_depth, self.max_positions - len(seq))
-                t0 = time.perf_counter()
-                anchor = seq[-1]
-                tree = None
-                if max_depth > 0:
-                    state = DraftState(
-                        view, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, step
-                    )
-                    ctx = DraftContext(state, sources, None if rule is None else rule.noise_view(), self.vocab_size)
-                    tree = self._shape(policy, ctx, anchor, max_depth)
-                    t_sources += ctx.source_s
-                if tree is None:
-                    tree = DraftTree.single(anchor)
-                t1 = time.perf_counter()
-                # -- verify ----------------------------------------------------------------------
-                v = verifier.verify(tree)
-                t2 = time.perf_counter()
-                forwards += 1
-                self._observe(worker, v)
-                t3 = time.perf_counter()
-                t_draft += t1 - t0
-                t_verify += t2 - t1
-                t_observe += t3 - t2
-                origins, credited = tree.origins, tree.credited
-                for i in range(1, tree.num_nodes):
-                    o_drafted[origins[i]] += 1
-                    for s in credited(i):
-                        drafted[s] += 1
-                for i in v.path[1:]:
-                    o_accepted[origins[i]] += 1
-                    for s in credited(i):
-                        accepted[s] += 1
-                routes[tree.route] += 1
-                route_time[tree.route] += t2 - t1
-                accept_lengths.append(len(v.path) - 1)
-                step_tokens = (*v.accepted, v.bonus) if v.bonus is not None else tuple(v.accepted)
-                committed = _cut(step_tokens, stops, max_new_tokens - len(new))
-                if hook_step is not None:
-                    hook_step(
-                        decoder=self,
-                        step=StepRecord(step, tree, v, committed, t1 - t0, t2 - t1),
-                    )
-                step += 1
-            if deferred is not None:  # ended at its first token: the last row is all the sources see
-                t0 = time.perf_counter()
-                verifier.deferred_prefill = None
-                self._observe(worker, deferred)
-                t_observe += time.perf_counter() - t0
+            new, stopped_by = self._steps(worker, ids, prompt_ids, keep, max_new_tokens, stops, rule, streamer, tally)
         finally:
             verifier.end()
             if rule is not None:
                 verifier.rule = None
                 rule.finish()
+        out = self._output(worker, prompt_ids, new, stopped_by, keep, rule, tally, t_start)
+        self._end(worker, out)
+        return out
 
-        per_source = {o: {"drafted": drafted[o], "accepted": accepted[o]} for o in sorted(drafted)}
-        per_origin = {o: {"drafted": o_drafted[o], "accepted": o_accepted[o]} for o in sorted(o_drafted)}
+    @staticmethod
+    def _prefill_positions(worker: _Worker, prompt_len: int) -> int:
+        """How many of the prompt's last positions the prefill computes logits for: what the sources ask
+        (``prefill_positions``), as far as the policy allows, at least 1."""
+        keep = 1
+        for s in worker.sources:
+            keep = max(keep, int(s.prefill_positions(prompt_len) or 0))
+        return max(1, min(int(worker.policy.prefill_positions(prompt_len, keep)), keep, prompt_len))
+
+    def _steps(self, worker: _Worker, ids, prompt_ids, keep: int, max_new_tokens: int, stops, rule, streamer,
+               tally: _Tally) -> tuple[list[int], str]:
+        """The prefill, then commit -> draft -> verify until a stop: the new tokens and why decoding stopped."""
+        verifier = worker.verifier
+        v = verifier.prefill(ids, keep=keep) if _takes_keep(verifier) else verifier.prefill(ids)
+        tally.forwards = 1
+        # a verifier may defer the prefill's other logit rows (GreedyTreeVerifier.prefill_rows): the
+        # sources observe the prefill just before the first draft, with every row, or at the end with
+        # the last row only when the generation ends at its first token
+        deferred = v if getattr(verifier, "deferred_prefill", None) is not None else None
+        if deferred is None:
+            self._observe(worker, v, tally)
+        seq = list(prompt_ids)
+        view = TokenView(seq)  # what sources read: the same list, read-only
+        new: list[int] = []
+        committed = _cut((v.bonus,), stops, max_new_tokens)
+        while True:
+            stopped_by = self._commit(committed, new, seq, stops, max_new_tokens, rule, streamer)
+            if stopped_by is not None:
+                break
+            if deferred is not None:
+                # the deferred rows' LM head is prefill work, timed by the verifier as prefill_forward:
+                # only the sources' harvest counts as observe (or the profile counts it twice)
+                full = verifier.prefill_rows()
+                self._observe(worker, deferred if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk), tally)
+                deferred = None
+            tree, draft_s = self._draft(worker, seq, view, len(prompt_ids), max_new_tokens - len(new), rule, tally)
+            committed = self._verify(worker, tree, stops, max_new_tokens - len(new), draft_s, tally)
+        if deferred is not None:  # ended at its first token: the last row is all the sources see
+            verifier.deferred_prefill = None
+            self._observe(worker, deferred, tally)
+        return new, stopped_by
+
+    def _commit(self, committed: tuple[int, ...], new: list[int], seq: list[int], stops, max_new_tokens: int,
+                rule, streamer) -> str | None:
+        """Append a step's tokens (already cut at the first stop token and at max_new_tokens) and stream them;
+        why decoding stops after them, or None."""
+        new.extend(committed)
+        seq.extend(committed)
+        if rule is not None:
+            rule.commit(committed)
+        if streamer is not None and committed:
+            streamer.put(torch.tensor([committed], dtype=torch.long))
+        if committed and committed[-1] in stops:
+            return "eos" if committed[-1] in self.eos_token_ids else "stop_token"
+        if rule is not None and rule.stopped == "criteria":
+            return "stopping_criteria"
+        if len(new) >= max_new_tokens:
+            return "max_new_tokens"
+        return None
+
+    def _draft(self, worker: _Worker, seq: list[int], view: TokenView, prompt_len: int, remaining: int, rule,
+               tally: _Tally) -> tuple[DraftTree, float]:
+        """The step's tree (the anchor alone where nothing is drafted, or only one token remains) and the
+        seconds drafting and shaping took."""
+        max_depth = remaining - 1
+        if self.max_positions is not None:
+            max_depth = min(max_depth, self.max_positions - len(seq))
+        t0 = time.perf_counter()
+        anchor = seq[-1]
+        tree = None
+        if max_depth > 0:
+            state = DraftState(
+                view, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, tally.steps
+            )
+            ctx = DraftContext(state, worker.sources, None if rule is None else rule.noise_view(), self.vocab_size)
+            tree = self._shape(worker.policy, ctx, anchor, max_depth)
+            tally.sources_s += ctx.source_s
+        if tree is None:
+            tree = DraftTree.single(anchor)
+        draft_s = time.perf_counter() - t0
+        tally.draft_s += draft_s
+        return tree, draft_s
+
+    def _verify(self, worker: _Worker, tree: DraftTree, stops, room: int, draft_s: float,
+                tally: _Tally) -> tuple[int, ...]:
+        """One forward over the tree; the sources and policy observe it; the tokens it commits (cut at the
+        first stop token and at ``room``); the step observers are told."""
+        t0 = time.perf_counter()
+        v = worker.verifier.verify(tree)
+        verify_s = time.perf_counter() - t0
+        tally.forwards += 1
+        self._observe(worker, v, tally)
+        tally.count(tree, v, verify_s)
+        step_tokens = (*v.accepted, v.bonus) if v.bonus is not None else tuple(v.accepted)
+        committed = _cut(step_tokens, stops, room)
+        if self.hook is not None:
+            self.hook.goose_on_step(decoder=self, step=StepRecord(tally.steps, tree, v, committed, draft_s, verify_s))
+        tally.steps += 1
+        return committed
+
+    def _output(self, worker: _Worker, prompt_ids, new: list[int], stopped_by: str, keep: int, rule, tally: _Tally,
+                t_start: float) -> GenerationOutput:
+        """The generation's output and its statistics (the components' own stats under ``extra``)."""
+        sources, policy, verifier = worker.sources, worker.policy, worker.verifier
         extra = {}
         for s in sources:
             if s.stats():
@@ -524,33 +561,28 @@ class Decoder:
             extra["linear"] = verifier.linear_info()
         if rule is not None:
             extra["sampling"] = {"walk": rule.kind, "draws": rule.draws}
+        t = tally
         stats = Stats(
-            prompt_len,
-            len(new),
-            forwards,
-            step,
-            per_source,
-            dict(routes),
-            tuple(accept_lengths),
-            {
-                "draft": t_draft,
-                "sources": t_sources,
-                "verify": t_verify,
-                "observe": t_observe,
-                "total": time.perf_counter() - t_start,
-            },
-            stopped_by,
-            extra,
-            dict(route_time),
-            per_origin,
+            len(prompt_ids), len(new), t.forwards, t.steps,
+            {o: {"drafted": t.drafted[o], "accepted": t.accepted[o]} for o in sorted(t.drafted)},
+            dict(t.routes), tuple(t.accept_lengths),
+            {"draft": t.draft_s, "sources": t.sources_s, "verify": t.verify_s, "observe": t.observe_s,
+             "total": time.perf_counter() - t_start},
+            stopped_by, extra, dict(t.route_time),
+            {o: {"drafted": t.o_drafted[o], "accepted": t.o_accepted[o]} for o in sorted(t.o_drafted)},
         )
         text = self.tokenizer.decode(new, skip_special_tokens=True) if self.tokenizer is not None else ""
-        out = GenerationOutput(new, text, stats, prompt_ids)
-        for s in sources:  # the lifecycle's last call: what was committed, and how
+        return GenerationOutput(new, text, stats, prompt_ids)
+
+    def _end(self, worker: _Worker, out: GenerationOutput) -> None:
+        """The lifecycle's last calls: each source's and the policy's ``end`` (what was committed, and how),
+        then the observers' ``goose_on_generation_end``."""
+        for s in worker.sources:
             try:
                 s.end(out)
             except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
                 raise DraftSourceError(s.name, f"end() raised {type(exc).__name__}: {exc}") from exc
+        policy = worker.policy
         try:
             policy.end(out)
         except GooseError:
@@ -559,7 +591,6 @@ class Decoder:
             raise PluginError(f"Tree policy {policy.name!r} raised in end(): {type(exc).__name__}: {exc}") from exc
         if self.hook is not None:
             self.hook.goose_on_generation_end(decoder=self, output=out)
-        return out
 
     # ---------------------------------------------------------------------------------------------
     def _shape(self, policy: TreePolicy, ctx: DraftContext, anchor: int, max_depth: int) -> DraftTree | None:
@@ -600,7 +631,9 @@ class Decoder:
             tree = prune(tree, max_depth)
         return tree
 
-    def _observe(self, worker: _Worker, v: Verified) -> None:
+    def _observe(self, worker: _Worker, v: Verified, tally: _Tally) -> None:
+        """The sources and the policy learn from a pass (timed as ``observe``)."""
+        t0 = time.perf_counter()
         rows, n = int(v.logits.shape[0]), int(v.tokens.shape[0])
         if rows != n:  # the sources index the logits by the tokens' positions
             raise PluginError(
@@ -614,6 +647,7 @@ class Decoder:
             except Exception as exc:  # noqa: BLE001
                 raise DraftSourceError(s.name, f"observe() raised {type(exc).__name__}: {exc}") from exc
         worker.policy.observe(v)
+        tally.observe_s += time.perf_counter() - t0
 
 
 def _takes_keep(verifier) -> bool:

@@ -80,13 +80,26 @@ def resolve(model, ids: torch.Tensor, max_new_tokens: int, given: dict, logits_p
 
 def from_transformers(gc, procs, criteria) -> Resolved:
     """The rule of what transformers' ``generate`` prepared: its config, processors and criteria."""
-    from goose.hf import _plain_criteria
-
-    plain, eos = _plain_criteria(criteria)
+    plain, eos = plain_criteria(criteria)
     values = {k: getattr(gc, k, None) for k in ARGUMENTS}
     sample = bool(getattr(gc, "do_sample", False))
     return Resolved(sample, gc.temperature if sample else None, list(procs), None if plain else criteria,
                     eos, values, "transformers")
+
+
+def plain_criteria(stopping_criteria) -> tuple[bool, set[int]]:
+    """Whether the criteria are only max length and eos ids (the loop's own stops), and those ids."""
+    from transformers import EosTokenCriteria, MaxLengthCriteria
+
+    eos: set[int] = set()
+    for c in stopping_criteria:
+        if isinstance(c, MaxLengthCriteria):
+            continue
+        if isinstance(c, EosTokenCriteria):
+            eos.update(int(t) for t in torch.as_tensor(c.eos_token_id).view(-1).tolist())
+            continue
+        return False, set()
+    return True, eos
 
 
 def explicit(given: dict, prompt_len: int, eos_ids, logits_processor=None, stopping_criteria=None) -> Resolved:

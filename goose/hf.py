@@ -152,21 +152,6 @@ def _refuse(generation_config, input_ids, model_kwargs, assistant) -> None:
                f"drop {k}: Goose builds its own cache from the prompt ids")
 
 
-def _plain_criteria(stopping_criteria) -> tuple[bool, set[int]]:
-    """Whether the criteria are only max length and eos ids (the loop's own stops), and those ids."""
-    from transformers import EosTokenCriteria, MaxLengthCriteria
-
-    eos: set[int] = set()
-    for c in stopping_criteria:
-        if isinstance(c, MaxLengthCriteria):
-            continue
-        if isinstance(c, EosTokenCriteria):
-            eos.update(int(t) for t in torch.as_tensor(c.eos_token_id).view(-1).tolist())
-            continue
-        return False, set()
-    return True, eos
-
-
 def hf_generate(
     model,
     input_ids: torch.LongTensor,
@@ -196,7 +181,6 @@ def hf_generate(
     max_new = max(0, int(max_length) - prompt_len)
     if dec.max_positions is not None:
         max_new = min(max_new, dec.max_positions - prompt_len)
-    do_sample = bool(getattr(generation_config, "do_sample", False))
     record = bool(getattr(generation_config, "return_dict_in_generate", False)) and (
         bool(getattr(generation_config, "output_scores", False)) or bool(getattr(generation_config, "output_logits", False))
     )
@@ -210,8 +194,8 @@ def hf_generate(
     from goose import generation
 
     resolved = generation.from_transformers(generation_config, logits_processor, stopping_criteria)
-    out = dec._decode(
-        dec._prompt_ids(input_ids[0]), max_new, resolved.stop_ids, resolved, None, streamer, record,
+    out = dec.generate_resolved(
+        dec.prompt_tensor(input_ids[0]), max_new, resolved.stop_ids, resolved, None, streamer, record,
         stream_prompt=False,  # generate has put the prompt already
     )
     new = torch.tensor([out.token_ids], dtype=torch.long, device=input_ids.device)

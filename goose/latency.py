@@ -217,9 +217,11 @@ class _Timer:
     def __init__(self, model, setup: dict | None, past_len: int, budget_s: float):
         import torch
 
-        from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+        from goose.interfaces import Verifier
+        from goose.manager import build_component
 
-        self.v = v = GreedyTreeVerifier(TreeVerifierOptions(gqa=_setup(setup).get("gqa", True)))
+        # the registered tree verifier, by name: it reads the curves this module caches (no import circle)
+        self.v = v = build_component("verifier", ("greedy", {"gqa": _setup(setup).get("gqa", True)}), Verifier, None)
         v.bind(model)
         self.g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, v.vocab_size, (past_len,), generator=self.g)
@@ -298,7 +300,7 @@ def measure(
     from goose.verifiers.skinny import MAX_ROWS
 
     timer = _Timer(model, setup, past_len, budget_s)
-    v, once = timer.v, timer.once
+    v = timer.v
     sizes = sorted(set(int(n) for n in sizes))
     # the forms of the linear layers the verifier may use are timed against stock
     forms = []
@@ -306,86 +308,17 @@ def measure(
         forms.append("skinny")
         if _setup(setup).get("packed", True) and skinny_mod.packed_available(v._linears):
             forms.append("packed")
-    compared = [c for c in COMPARE if c <= MAX_ROWS]
-
-    def nearest(n: int, form: dict) -> str | None:
-        known = [c for c in compared if c in form]
-        if not forms or not known or not (2 <= n <= MAX_ROWS):
-            return None
-        return form[min(known, key=lambda c: (abs(c - n), c))]
-
-    def again_over(dt: float, limit: float, n: int, f: str | None) -> float:
-        """``dt``, or the lower of it and a second timing where it is over ``limit``."""
-        return min(dt, once(n, f)) if dt > limit else dt
-
-    say = progress or (lambda text: None)
-    for n in (1, 1, 1):  # warm-up
-        once(n)
-    mid = min(8, sizes[-1])
-    stock_mid = once(mid)
-    # a form far slower at a middle size is not compared at the others (bfloat16 with AVX2 kernels:
-    # weight @ x.T is several times slower, and timing it at every compared size doubles the wait)
-    if mid >= 2:
-        for f in list(forms):
-            once(mid, f)  # untimed: a form's first pass (the packed form packs the weights here)
-            if again_over(once(mid, f), 1.5 * stock_mid, mid, f) > 1.5 * stock_mid:
-                forms.remove(f)
-    times: dict[int, list[float]] = {}
-    form: dict[int, str | None] = {}  # size -> fastest form (None: stock)
-    t1 = min(once(1) for _ in range(3))
-    last = None  # the size round 1 stopped at for the time budget
-    for n in sizes:  # round 1: up to the size where trees stop paying
-        if forms and n in compared:
-            timed = {None: once(n), **{f: once(n, f) for f in forms}}
-            form[n] = min(timed, key=timed.get)
-            dt = timed[form[n]]
-        else:
-            form[n] = nearest(n, form)
-            dt = once(n, form[n])
-        if n > 1:  # (a noisy machine once stopped Gemma-3's walk at size 10, at 12x t(1))
-            dt = again_over(dt, stop_ratio * t1, n, form[n])
-        times[n] = [dt]
-        say(f"size {n}: {1000 * dt:.1f} ms{f' ({form[n]})' if form[n] else ''} ({time.perf_counter() - t_start:.1f} s)")
-        if n > 1 and dt > stop_ratio * t1:
-            break
-        if n >= 4 and time.perf_counter() - t_start + dt > WALK_SHARE * budget_s:  # the next size costs at least dt
-            last = n
-            break
+    w = _Walk(timer.once, forms, MAX_ROWS, progress or (lambda text: None), t_start, budget_s, stop_ratio)
+    w.warm_up(min(8, sizes[-1]))
+    last = w.walk(sizes)  # the size round 1 stopped at for the time budget (None: it did not)
     if last is not None:
-        # a few larger sizes, once each, where the rest of the budget allows: past the walked sizes the
-        # curve then interpolates instead of extending in proportion, which overstated a 1.5B model's
-        # 52-token chain threefold (3.8 s extended from size 11; 1.28 s as verified)
-        cap = sizes[-1] + 1  # anchors at or above it are skipped: one over stop_ratio x t(1) lowers it
-        for a in (a for a in ANCHORS if last < a <= sizes[-1]):
-            if a >= cap:
-                continue
-            # on the line through t(1) and the largest size timed so far (a big model's fixed cost per pass
-            # made a guess in proportion 2-3x too high, and a 1.5B model's anchors never ran on a slow machine)
-            prev = max(times)
-            guess = times[prev][0] + (a - prev) * max(0.0, times[prev][0] - t1) / (prev - 1)
-            if time.perf_counter() - t_start + guess > budget_s:
-                continue  # a smaller anchor after it may still fit
-            form[a] = nearest(a, form)
-            # timed once only: a stall would price every long chain (Gemma-3: t(32) 605 ms after t(28) 308 ms)
-            times[a] = [again_over(once(a, form[a]), 1.5 * guess, a, form[a])]
-            say(f"size {a}: {1000 * times[a][0]:.1f} ms ({time.perf_counter() - t_start:.1f} s)")
-            if times[a][0] > stop_ratio * t1:  # no tree that large pays: nor does a larger anchor
-                cap = a
-        timed = sorted(a for a in ANCHORS if a > last and a in times)
-        say(f"time budget reached at size {last}" + (f", then sizes {', '.join(map(str, timed))}" if timed else "")
-            + ": sizes between are interpolated, larger ones extended in proportion")
-    kept = sorted(times)
-    for r in range(1, repeats):
-        spent = time.perf_counter() - t_start
-        one_round = sum(times[n][0] for n in kept)
-        if spent + one_round > budget_s:
-            break
-        for n in kept:
-            times[n].append(once(n, form[n]))
-        say(f"round {r + 1}/{repeats} ({time.perf_counter() - t_start:.1f} s)")
-    med = [statistics.median(times[n]) for n in kept]
-    head = _measure_head(model, v, med[0], say, t_start, timer.g) if measure_head else ()
+        w.anchors(last, sizes[-1])
+    kept = sorted(w.times)
+    w.rounds(kept, repeats)
+    med = [statistics.median(w.times[n]) for n in kept]
+    head = _measure_head(model, v, med[0], w.say, t_start, timer.g) if measure_head else ()
     v.end()
+    form = w.form
     if "packed" not in form.values():  # the packs are memory the verifier will not read
         skinny_mod.release_packs(v._linears)
     filled = _between_anchors(form, last, MAX_ROWS) if last is not None else {}
@@ -393,6 +326,121 @@ def measure(
     return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in sorted(every) if every[n] == "skinny"), head,
                         tuple(n for n in sorted(every) if every[n] == "packed"))
 
+
+class _Walk:
+    """The timings of one :func:`measure` call: the warm-up and the screen of the linear-layer forms,
+    round 1's walk over the sizes, the anchors past it, then further rounds.
+
+    ``times``: size -> seconds of each round; ``form``: size -> its fastest linear-layer form (None:
+    stock); ``t1``: the one-token forward, the unit of ``stop_ratio``.
+    """
+
+    def __init__(self, once, forms: list[str], max_rows: int, say, t_start: float, budget_s: float,
+                 stop_ratio: float):
+        self.once, self.forms, self.say = once, forms, say
+        self.compared = [c for c in COMPARE if c <= max_rows]  # sizes at which every form is timed
+        self.max_rows = max_rows  # the largest tree a non-stock form runs
+        self.t_start, self.budget_s, self.stop_ratio = t_start, budget_s, stop_ratio
+        self.times: dict[int, list[float]] = {}
+        self.form: dict[int, str | None] = {}
+        self.t1 = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t_start
+
+    def nearest(self, n: int) -> str | None:
+        """The form of the compared size nearest ``n`` (the smaller of two as near); None: stock."""
+        known = [c for c in self.compared if c in self.form]
+        if not self.forms or not known or not (2 <= n <= self.max_rows):
+            return None
+        return self.form[min(known, key=lambda c: (abs(c - n), c))]
+
+    def again_over(self, dt: float, limit: float, n: int, f: str | None) -> float:
+        """``dt``, or the lower of it and a second timing where it is over ``limit``."""
+        return min(dt, self.once(n, f)) if dt > limit else dt
+
+    def warm_up(self, mid: int) -> None:
+        """A few one-token and one mid-size forward, untimed (the first forwards of a process are
+        slow); then each form that two timings put over 1.5x stock at the mid size is dropped."""
+        for n in (1, 1, 1):
+            self.once(n)
+        stock_mid = self.once(mid)
+        # a form far slower at a middle size is not compared at the others (bfloat16 with AVX2 kernels:
+        # weight @ x.T is several times slower, and timing it at every compared size doubles the wait)
+        if mid >= 2:
+            for f in list(self.forms):
+                self.once(mid, f)  # untimed: a form's first pass (the packed form packs the weights here)
+                if self.again_over(self.once(mid, f), 1.5 * stock_mid, mid, f) > 1.5 * stock_mid:
+                    self.forms.remove(f)
+
+    def walk(self, sizes: list[int]) -> int | None:
+        """Round 1: each size in increasing order, in its fastest form at a compared size (else the
+        nearest compared size's), until a forward costs ``stop_ratio`` x t(1) (returns None) or, past
+        size 4, the walk's share of the budget is spent (returns the size it stopped at)."""
+        self.t1 = t1 = min(self.once(1) for _ in range(3))
+        for n in sizes:
+            if self.forms and n in self.compared:
+                timed = {None: self.once(n), **{f: self.once(n, f) for f in self.forms}}
+                self.form[n] = min(timed, key=timed.get)
+                dt = timed[self.form[n]]
+            else:
+                self.form[n] = self.nearest(n)
+                dt = self.once(n, self.form[n])
+            # a size that would end the walk is timed twice, the lower kept: one stalled forward at size
+            # 10 reached 12x t(1) for Gemma-3-270M, whose median t(10) was 1.8x t(1) (130 ms, 72 ms;
+            # 2026-12-03, Intel Xeon (KVM), 2 cores)
+            if n > 1:
+                dt = self.again_over(dt, self.stop_ratio * t1, n, self.form[n])
+            self.times[n] = [dt]
+            f = self.form[n]
+            self.say(f"size {n}: {1000 * dt:.1f} ms{f' ({f})' if f else ''} ({self.elapsed():.1f} s)")
+            if n > 1 and dt > self.stop_ratio * t1:
+                return None
+            if n >= 4 and self.elapsed() + dt > WALK_SHARE * self.budget_s:  # the next size costs at least dt
+                return n
+        return None
+
+    def anchors(self, last: int, top: int) -> None:
+        """The :data:`ANCHORS` past ``last`` up to ``top``, once each where the rest of the budget allows.
+
+        With them the curve interpolates past the walked sizes instead of extending in proportion:
+        extended from size 11, Qwen2.5-Coder-1.5B's t(52) is 3.8 s where its verified 52-token chains
+        take 1.28 s (float32; 2026-12-03, Intel Xeon (KVM), 2 cores).
+        """
+        t1 = self.t1
+        cap = top + 1  # anchors at or above it are skipped: one over stop_ratio x t(1) lowers it
+        for a in (a for a in ANCHORS if last < a <= top):
+            if a >= cap:
+                continue
+            # whether it fits: its time guessed on the line through t(1) and the largest size timed so far;
+            # a guess in proportion to that size ignores the fixed cost per pass (Qwen2.5-Coder-1.5B,
+            # float32, t(1) 591 ms, walk stopped at size 4: t(32) 6.7 s in proportion to t(4), past the
+            # budget, 3.2 s on the line, 1.59 s when timed; 2026-12-03, Intel Xeon (KVM), 2 cores)
+            prev = max(self.times)
+            guess = self.times[prev][0] + (a - prev) * max(0.0, self.times[prev][0] - t1) / (prev - 1)
+            if self.elapsed() + guess > self.budget_s:
+                continue  # a smaller anchor after it may still fit
+            self.form[a] = self.nearest(a)
+            # timed once, and again where over 1.5x the guess: one stall would price every long chain (a
+            # stalled pass put Gemma-3-270M's t(32) at 605 ms beside t(28) 308 ms; 2026-12-03, Intel Xeon (KVM))
+            self.times[a] = [self.again_over(self.once(a, self.form[a]), 1.5 * guess, a, self.form[a])]
+            self.say(f"size {a}: {1000 * self.times[a][0]:.1f} ms ({self.elapsed():.1f} s)")
+            if self.times[a][0] > self.stop_ratio * t1:  # no tree that large pays: nor does a larger anchor
+                cap = a
+        timed = sorted(a for a in ANCHORS if a > last and a in self.times)
+        self.say(f"time budget reached at size {last}" + (f", then sizes {', '.join(map(str, timed))}" if timed else "")
+                 + ": sizes between are interpolated, larger ones extended in proportion")
+
+    def rounds(self, kept: list[int], repeats: int) -> None:
+        """Rounds 2 to ``repeats`` over the ``kept`` sizes, each in its form, while the budget allows a whole round."""
+        for r in range(1, repeats):
+            spent = self.elapsed()
+            one_round = sum(self.times[n][0] for n in kept)
+            if spent + one_round > self.budget_s:
+                break
+            for n in kept:
+                self.times[n].append(self.once(n, self.form[n]))
+            self.say(f"round {r + 1}/{repeats} ({self.elapsed():.1f} s)")
 
 def check(model, curve: LatencyCurve, setup: dict | None = None, tolerance: float = CHECK_TOLERANCE,
           sizes=CHECK_SIZES, past_len: int = 256, budget_s: float = 25.0) -> list[tuple[int, float, float]]:

@@ -24,12 +24,14 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from importlib import metadata
 
 import pluggy
+from pydantic import ValidationError
 
 from goose import hookspecs
-from goose.errors import PluginError, UnknownComponentError
+from goose.errors import InvalidInputError, PluginError, UnknownComponentError
 from goose.interfaces import DraftSource, Options, TreePolicy, Verifier
 
 ENTRY_POINT_GROUP = "goose"
@@ -355,3 +357,66 @@ def reset() -> None:
         _registry = None
         _origins.clear()
         _broken.clear()
+
+
+# -- building components by name ------------------------------------------------------------------
+def component_options(entry: Entry, overrides: Mapping | None):
+    """Validate ``overrides`` against a registry entry's Options (defaults applied); clear errors."""
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise InvalidInputError(
+            f"options for {entry.kind} {entry.name!r} must be a dict, got {type(overrides).__name__}"
+        )
+    try:
+        return entry.options(dict(overrides or {}))
+    except ValidationError as exc:
+        fields = sorted(entry.cls.Options.model_fields)
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(options)'}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise InvalidInputError(
+            f"Invalid options for {entry.kind} {entry.name!r}: {problems}. "
+            f"Allowed options: {', '.join(fields) or '(none)'}."
+        ) from exc
+
+
+def build_inner(name: str, options: Mapping | None, inherit: Mapping | None = None, outer: str = "") -> TreePolicy:
+    """An inner policy by registry name, for wrapping policies (bypass, fit): options validated.
+
+    ``inherit``: options set on the wrapping policy (e.g. ``spine_source``) that reach the inner
+    one where it has that option; the same option set differently in ``options`` is an error."""
+    entry = get_registry().get("policy", name)
+    options = dict(options or {})
+    for key, value in (inherit or {}).items():
+        if value is None or key not in entry.cls.Options.model_fields:
+            continue
+        if key in options and options[key] != value:
+            raise InvalidInputError(
+                f"policy {outer or 'wrapper'!r}: {key}={value!r} and inner_options {key}={options[key]!r} disagree. "
+                f"Hint: set {key} once, on the outer policy; it reaches the policies it wraps."
+            )
+        options[key] = value
+    inst = entry.cls(component_options(entry, options))
+    inst.name = entry.alias_of or entry.name
+    return inst
+
+
+def build_component(kind: str, spec, base: type, extra_options: Mapping | None):
+    """Turn a name, a (name, options) pair or a ready instance into a component instance."""
+    if isinstance(spec, base):
+        if extra_options:
+            raise InvalidInputError(f"options given for a ready-made {kind} instance {spec!r}; set them on it")
+        return spec
+    opts = None
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
+        spec, opts = spec
+    if not isinstance(spec, str):
+        raise InvalidInputError(
+            f"a {kind} is given by name (str), (name, options) or a goose.{base.__name__} instance; "
+            f"got {spec!r}"
+        )
+    entry = get_registry().get(kind, spec)
+    merged = {**(opts or {}), **(extra_options or {})}
+    inst = entry.cls(component_options(entry, merged))
+    inst.name = entry.alias_of or entry.name
+    return inst

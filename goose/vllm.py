@@ -287,16 +287,17 @@ class StepCost:
 
 
 def build_sources(spec) -> list[DraftSource]:
-    """Sources from ``"pld+suffix"`` (``goose bench`` syntax), a list of names / (name, options)
-    pairs, or DraftSource instances. Successor-only sources (``tr``) need logits vLLM does not give."""
-    from goose.compose import _build
-    from goose.tools.bench import preset
+    """Sources from ``"pld+suffix"`` (the sources of a method spec, :mod:`goose.specs`), a list of
+    names / (name, options) pairs, or DraftSource instances. Successor-only sources (``tr``) need
+    logits vLLM does not give."""
+    from goose.manager import build_component
+    from goose.specs import preset
 
     if isinstance(spec, str):
         if not spec.strip():
             raise InvalidInputError(f"{ENV_SOURCES} is empty. Allowed: registered source names joined by '+'. Hint: pld+suffix")
         spec = preset(spec.strip() + "/chain")["sources"]
-    built = [_build("source", s, DraftSource, None) for s in spec]
+    built = [build_component("source", s, DraftSource, None) for s in spec]
     if not built:
         raise InvalidInputError("goose.vllm.Proposer needs at least one draft source. Hint: pld+suffix")
     for s in built:

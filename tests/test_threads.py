@@ -232,9 +232,10 @@ def test_fault_one_component_set_for_every_thread_is_caught(monkeypatch):
 
 
 # -- state shared on purpose, made safe ---------------------------------------------------------
-def test_threads_that_need_one_latency_curve_measure_it_once(monkeypatch):
+def test_threads_that_need_one_latency_curve_measure_it_once(monkeypatch, tmp_path):
     import goose.latency as lat
 
+    monkeypatch.setattr(lat, "cache_dir", lambda: tmp_path)  # no curve cached by an earlier test
     calls = []
 
     def slow_measure(model, **kw):
@@ -300,14 +301,11 @@ def test_the_curve_file_is_never_torn(tmp_path, monkeypatch):
 def test_the_bypass_nesting_count_is_per_thread(monkeypatch):
     """Thread A is held inside its bypass's construction (depth 1) while this thread composes bypasses nested
     as deep as allowed: a count shared between threads would add A's level and refuse this one."""
-    import importlib
-
+    from goose import manager
     from goose.policies import spine
 
-    compose_mod = importlib.import_module("goose.compose")  # goose.compose is also the function
-
     inside, release = threading.Event(), threading.Event()
-    real = compose_mod.build_inner
+    real = manager.build_inner
     holder = {}
 
     def held_build_inner(*a, **k):
@@ -316,7 +314,7 @@ def test_the_bypass_nesting_count_is_per_thread(monkeypatch):
             assert release.wait(10)
         return real(*a, **k)
 
-    monkeypatch.setattr(compose_mod, "build_inner", held_build_inner)
+    monkeypatch.setattr(manager, "build_inner", held_build_inner)
 
     def nested(depth):
         opts = {"inner": "spine-tree"}

@@ -16,51 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goose.hookspecs import hookimpl
+# method specs (presets, SRC+SRC/POLICY{opt=...}) are parsed in the core (goose.specs); tests and
+# scripts also import these names from goose.tools.bench
+from goose.specs import BASELINES, PRESETS, check_method, preset, split_methods  # noqa: F401
 
 CONTEXT_ORIGINS = ("spine", "pld", "pld-latest", "context")
 RECYCLE_ORIGINS = ("branch", "root-branch", "tr", "tr-original")
 
-# name -> compose() keyword arguments (sources, policy, source options)
-PRESETS: dict[str, dict] = {
-    "greedy": {"sources": [], "policy": "greedy"},
-    "pld": {"sources": ["pld"], "policy": "chain"},
-    "tr": {"sources": ["tr"], "policy": "tr-tree"},
-    "tr-original": {"sources": ["tr-original"], "policy": "tr-tree", "budget": 81},
-    "iso3": {"sources": ["pld", "tr"], "policy": "iso3"},
-    "iso5": {"sources": ["pld", "tr"], "policy": "iso5"},
-    "spine": {"sources": ["pld", "tr"], "policy": "spine"},
-    "spine-nobypass": {"sources": ["pld", "tr"], "policy": "spine-nobypass"},
-    "spine-nobranch": {"sources": ["pld", "tr"], "policy": "spine-nobranch"},
-    "spine-nobigram": {"sources": ["pld", ("tr", {"bigram": False})], "policy": "spine"},
-    "spine-noprefill": {"sources": ["pld", ("tr", {"prefill_harvest": False})], "policy": "spine"},
-    "spine-nopld": {"sources": ["tr"], "policy": "spine"},
-    "spine-warm": {"sources": ["pld", ("tr", {"warm": True})], "policy": "spine"},
-    "spine-fit": {"sources": ["pld", "tr"], "policy": "spine-fit"},
-    # sampling: successors in the source's order, not ordered by the draws' noise (spine option
-    # coupled=False; the default before this stop), for interleaved comparisons
-    "spine-fit-uncoupled": {
-        "sources": ["pld", "tr"],
-        "policy": "spine-fit",
-        "policy_options": {"inner_options": {"inner_options": {"coupled": False}}},
-    },
-    # tree passes on stock kernels only: stock linear layers (no packed weights), grouped key/value
-    # heads copied as transformers does; fitted to that curve (the verifier before this stop), for
-    # interleaved comparisons
-    "spine-fit-stock": {"sources": ["pld", "tr"], "policy": "spine-fit",
-                        "verifier_options": {"linear": "stock", "gqa": False}},
-    # every spine starting at the pessimistic prior, whatever the match's confidence (source_priors
-    # off: the fit before pld's calibrated confidence tiers), for interleaved comparisons
-    "spine-fit-untiered": {"sources": ["pld", "tr"], "policy": "spine-fit", "policy_options": {"source_priors": {}}},
-    # the default before issue 11 (optimistic prior, whole-tree exploration, no observed-time or
-    # gain correction, every prompt position harvested), for interleaved comparisons
-    "spine-fit-prev": {
-        "sources": ["pld", ("tr", {"prefill_window": None})],
-        "policy": "spine-fit",
-        "policy_options": {"prior": 0.3, "explore_share": 1.0, "explore_cost": 1000.0,
-                           "correct_latency": False, "calibrate_gain": False},
-    },
-}
-BASELINES = ("ar", "hf-pld")
 METHODS_HELP = (
     "comma-separated: ar (transformers greedy, always run first), hf-pld (transformers prompt lookup), "
     + ", ".join(PRESETS)
@@ -68,138 +30,6 @@ METHODS_HELP = (
     "braces (e.g. pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld}; a dict or list option in JSON, e.g. "
     "spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}})"
 )
-
-
-def _split_top(text: str, sep: str) -> list[str]:
-    """Split at ``sep`` outside braces and brackets (a JSON option value keeps its commas)."""
-    out, depth, cur = [], 0, []
-    for c in text:
-        depth += (c in "{[") - (c in "}]")
-        if c == sep and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-    out.append("".join(cur))
-    return out
-
-
-def _value(text: str, key: str = "", name: str = "", method: str = ""):
-    """An option value written in a method spec: a JSON object or list, int, float, true/false, none, else the string."""
-    if text.strip()[:1] in ("{", "["):
-        import json
-
-        from goose.errors import InvalidInputError
-
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise InvalidInputError(
-                f"method {method!r}: option {key!r} of {name!r} is not valid JSON ({exc.args[0]}): {text.strip()!r}. "
-                'Hint: double-quoted keys, lists for tuples, e.g. source_priors={"pld":[[1.0,0.6,0.9]]}'
-            ) from None
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text.strip()
-
-
-def _component(spec: str, method: str):
-    """``name`` or ``name{key=value,...}`` -> name, or (name, options)."""
-    from goose.errors import InvalidInputError
-
-    name, brace, rest = spec.partition("{")
-    name = name.strip()
-    if not name:
-        raise InvalidInputError(f"method {method!r}: an empty component name. Hint: pld+tr/spine, or pld{{max_chain=16}}/chain")
-    if not brace:
-        return name
-    if not rest.endswith("}") or not _balanced(rest[:-1]):
-        raise InvalidInputError(
-            f"method {method!r}: options of {name!r} must be written {name}{{key=value,...}}, got {spec!r}. "
-            "Hint: pld{max_chain=16}"
-        )
-    opts = {}
-    for item in [x for x in _split_top(rest[:-1], ",") if x.strip()]:
-        key, eq, val = item.partition("=")
-        if not eq or not key.strip():
-            raise InvalidInputError(f"method {method!r}: option {item!r} of {name!r} is not key=value. Hint: {name}{{key=value}}")
-        opts[key.strip()] = _value(val, key.strip(), name, method)
-    return (name, opts) if opts else name
-
-
-def _balanced(text: str) -> bool:
-    """Braces and brackets close in order (a JSON value inside a component's options)."""
-    stack = []
-    for c in text:
-        if c in "{[":
-            stack.append("}" if c == "{" else "]")
-        elif c in "}]":
-            if not stack or stack.pop() != c:
-                return False
-    return not stack
-
-
-def preset(name: str) -> dict:
-    from goose.errors import InvalidInputError, did_you_mean
-
-    if name in PRESETS:
-        return PRESETS[name]
-    if "/" in name:
-        if not _balanced(name):
-            raise InvalidInputError(
-                f"method {name!r}: its braces and brackets do not close in order (each component's options in "
-                "{...}, a JSON value inside them). Hint: pld+tr/spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}}"
-            )
-        srcs, _, pol = _split_policy(name)
-        policy = _component(pol, name)
-        out = {"sources": [_component(s, name) for s in _split_top(srcs, "+") if s.strip()]}
-        if isinstance(policy, tuple):
-            out["policy"], out["policy_options"] = policy[0], policy[1]
-        else:
-            out["policy"] = policy
-        return out
-    raise InvalidInputError(
-        f"Unknown method {name!r}. Available: {', '.join((*BASELINES, *PRESETS))}, or SRC+SRC/POLICY."
-        f"{did_you_mean(name, (*BASELINES, *PRESETS))}"
-    )
-
-
-def check_method(name: str) -> None:
-    """Refuse an unknown method, component or option before any model is loaded."""
-    from goose.compose import component_options
-    from goose.manager import get_registry
-
-    kw = preset(name)
-    reg = get_registry()
-    for spec in kw.get("sources", []):
-        src, opts = (spec, None) if isinstance(spec, str) else spec
-        component_options(reg.get("source", src), opts)
-    component_options(reg.get("policy", kw["policy"]), kw.get("policy_options"))
-
-
-def split_methods(text: str) -> list[str]:
-    """``--methods``: comma-separated, commas inside a component's braces kept (``spine-fit{a=1,b=2}``)."""
-    return [m.strip() for m in _split_top(text, ",") if m.strip()]
-
-
-def _split_policy(name: str) -> tuple[str, str, str]:
-    """``SRC+SRC/POLICY``: the last '/' outside braces."""
-    depth = 0
-    for i in range(len(name) - 1, -1, -1):
-        c = name[i]
-        depth += c in "}]"
-        depth -= c in "{["
-        if c == "/" and depth == 0:
-            return name[:i], "/", name[i + 1:]
-    return name, "", ""
 
 
 # the warm-up's text: Goose's own, never one of the measured prompts
@@ -554,15 +384,44 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    """``goose bench``: check the arguments and methods, select the prompts, load the model and compose
+    a runner per method, warm up, decode every prompt with every method in turn, then print the
+    tables and write results.json, results.md and the plots."""
     import torch
 
     import goose
-    import transformers
-    from goose import machine
-    from goose.tools import models
-    from goose.errors import InvalidInputError
 
     torch.set_num_threads(args.threads)
+    samples, turns = _check_args(args)
+    methods = _methods(args.methods)
+    prompts = select_prompts(args.datasets, args.data_dir, args.num_prompts)
+    reused = load_greedy(args.greedy_from, args, prompts) if getattr(args, "greedy_from", None) else None
+    model, tok, runners = _load_runners(args, methods, reused)
+    b = _Bench(args, model, tok, methods, runners, reused, samples, turns)
+    if args.warmup:
+        _warm_up(b)
+    catcher = _TreeCatcher(runners)
+    goose.register_plugin(catcher, name="goose-bench-tree-catcher")
+    try:
+        runs, mismatches = _interleave(b, prompts)
+    finally:
+        goose.unregister_plugin("goose-bench-tree-catcher")
+    print(file=sys.stderr)
+    rows, prof, by_sample, md = _tables(runs, methods, turns)
+    noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
+    meta = _meta(args, samples, turns)
+    _print_results(args, len(prompts), samples, turns, reused, md, mismatches, noisy)
+    if args.out:
+        results = {"meta": meta, "summary": rows, "by_sample": by_sample, "profile": prof, "mismatches": mismatches,
+                   "runs": [r.__dict__ for r in runs]}
+        _write_results(Path(args.out), results, md, rows, catcher.best, args.no_plots)
+    return 0
+
+
+def _check_args(args) -> tuple[int, int]:
+    """Refuse contradictory sampling, --samples, --turns and --greedy-from settings; return (samples, turns)."""
+    from goose.errors import InvalidInputError
+
     if getattr(args, "temperature", 0.0) < 0:
         raise InvalidInputError(f"--temperature {args.temperature}: must be >= 0 (0: greedy). Hint: --temperature 0.7")
     if not getattr(args, "temperature", 0.0) and (getattr(args, "top_k", None) is not None or getattr(args, "top_p", None) is not None):
@@ -576,15 +435,23 @@ def run(args) -> int:
         raise InvalidInputError(f"--turns {turns} needs --chat: the turns are a conversation. Hint: add --chat")
     if (samples > 1 or turns > 1) and getattr(args, "greedy_from", None):
         raise InvalidInputError("--greedy-from keeps one greedy output per prompt; it cannot serve --samples or --turns")
-    methods = split_methods(args.methods)
+    return samples, turns
+
+
+def _methods(text: str) -> list[str]:
+    """The ``--methods`` list, each checked before any model is loaded, with ``ar`` first (added if absent)."""
+    methods = split_methods(text)
     for m in methods:
         if m not in BASELINES:
             check_method(m)
-    if "ar" not in methods:
-        methods = ["ar", *methods]
-    methods = ["ar", *[m for m in methods if m != "ar"]]
-    prompts = select_prompts(args.datasets, args.data_dir, args.num_prompts)
-    reused = load_greedy(args.greedy_from, args, prompts) if getattr(args, "greedy_from", None) else None
+    return ["ar", *[m for m in methods if m != "ar"]]
+
+
+def _load_runners(args, methods: list[str], reused: dict | None) -> tuple:
+    """The model, its tokenizer, and one :class:`Runner` per method (none for ``ar`` when its runs are
+    reused); with --temperature every runner samples, and no top-2 gap is computed."""
+    from goose.tools import models
+
     t_phase = time.perf_counter()
     model, tok = models.load(args.model, args.dtype)
     _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
@@ -595,71 +462,116 @@ def run(args) -> int:
         args.no_gap = True  # a top-2 gap says nothing about a draw
     runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens, sampling) for m in methods if not (reused and m == "ar")}
     _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve once per machine)")
+    return model, tok, runners
 
-    def encode(text: str, earlier: tuple = (), answers: tuple = ()):
-        if args.chat:
+
+@dataclass
+class _Bench:
+    """What the steps of one ``goose bench`` run share: its arguments, model, methods and runners."""
+
+    args: object
+    model: object
+    tok: object
+    methods: list[str]
+    runners: dict
+    reused: dict | None  # (dataset, prompt id) -> the ar Run of --greedy-from
+    samples: int
+    turns: int
+
+    def encode(self, text: str, earlier: tuple = (), answers: tuple = ()):
+        """Prompt ids of ``text``; with --chat, the chat template over the earlier turns and answers, then ``text``."""
+        if self.args.chat:
             chat = []
             for q, a in zip(earlier, answers):
                 chat += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
             chat.append({"role": "user", "content": text})
-            text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        return tok(text, return_tensors="pt")["input_ids"]
+            text = self.tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return self.tok(text, return_tensors="pt")["input_ids"]
 
-    if args.warmup:
-        t_phase = time.perf_counter()
-        ids = encode(WARMUP_TEXT)
-        for _ in range(args.warmup):  # short runs: they only prepare kernels and caches
-            for m in runners:
-                runners[m].run(ids, max_new=min(args.max_new_tokens, 24))
-        _note(f"warm-up in {time.perf_counter() - t_phase:.1f}s")
-    catcher = _TreeCatcher(runners)
-    goose.register_plugin(catcher, name="goose-bench-tree-catcher")
+
+def _warm_up(b: _Bench) -> None:
+    """--warmup untimed runs of every runner on :data:`WARMUP_TEXT`."""
+    t_phase = time.perf_counter()
+    ids = b.encode(WARMUP_TEXT)
+    for _ in range(b.args.warmup):  # short runs: they only prepare kernels and caches
+        for m in b.runners:
+            b.runners[m].run(ids, max_new=min(b.args.max_new_tokens, 24))
+    _note(f"warm-up in {time.perf_counter() - t_phase:.1f}s")
+
+
+def _interleave(b: _Bench, prompts: list) -> tuple[list[Run], list[dict]]:
+    """Every prompt in turn, decoded by every method in turn (each by a freshly composed decoder unless
+    --warm); with --out, the runs so far saved after each prompt. Returns the runs and the mismatches."""
+    from goose import machine
+
     runs: list[Run] = []
-    mismatches = []
-    try:
-        t_start = time.time()
-        for k, p in enumerate(prompts):
-            for m in methods:
-                if not getattr(args, "warm", False) and m in runners:
-                    runners[m].renew()  # fresh per-request and cross-request state: the prompt is new to it
-            subs = samples if samples > 1 else min(turns, max(1, len(p.turns)))
-            answers: dict = {m: [] for m in methods}
-            for s in range(subs):
-                pid = p.id if subs == 1 and samples == 1 and turns == 1 else f"{p.id}#{s + 1}"
-                first = len(runs)
-                for m in methods:
-                    if turns > 1:  # the conversation so far, with this method's own answers
-                        ids = encode(p.turns[s], p.turns[:s], tuple(answers[m]))
-                    else:
-                        ids = encode(p.text)
-                    if reused and m == "ar":
-                        runs.append(reused[(p.dataset, p.id)])
-                        continue
-                    _progress(k, len(prompts), p, m, t_start)
-                    times, toks, st = [], None, {}
-                    for _ in range(max(1, args.repeats)):
-                        toks, dt, st = runners[m].run(ids, seed=args.seed + k * samples + s)
-                        times.append(dt)
-                    spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
-                    st["time_spread"] = spread
-                    runs.append(Run(p.dataset, pid, m, toks, statistics.median(times), st.get("forward_passes"), st,
-                                    None if pid == p.id else s + 1))
-                    if turns > 1:
-                        answers[m].append(tok.decode(toks, skip_special_tokens=True))
-                ref = runs[first].tokens
-                for r in runs[first + 1 :]:
-                    pos = first_mismatch(r.tokens, ref)
-                    if pos is not None:
-                        gap = None
-                        if not args.no_gap and pos < len(ref) and turns == 1:
-                            gap = top2_gap(model, ids, ref, pos)
-                        mismatches.append({"dataset": p.dataset, "prompt_id": pid, "method": r.method, "position": pos, "top2_gap": gap})
-            if args.out:  # save as we go: an interrupted run keeps every finished prompt
-                _save(Path(args.out), {"meta": {"partial": True, "prompts_done": k + 1, "prompts": len(prompts),
-                                                "machine": {"cpu_line": machine.describe()}}, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
-    finally:
-        goose.unregister_plugin("goose-bench-tree-catcher")
-    print(file=sys.stderr)
+    mismatches: list[dict] = []
+    t_start = time.time()
+    for k, p in enumerate(prompts):
+        for m in b.methods:
+            if not getattr(b.args, "warm", False) and m in b.runners:
+                b.runners[m].renew()  # fresh per-request and cross-request state: the prompt is new to it
+        _decode_prompt(b, k, p, len(prompts), t_start, runs, mismatches)
+        if b.args.out:  # save as we go: an interrupted run keeps every finished prompt
+            _save(Path(b.args.out), {"meta": {"partial": True, "prompts_done": k + 1, "prompts": len(prompts),
+                                              "machine": {"cpu_line": machine.describe()}}, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
+    return runs, mismatches
+
+
+def _decode_prompt(b: _Bench, k: int, p, total: int, t_start: float, runs: list[Run], mismatches: list[dict]) -> None:
+    """Prompt ``p`` (the k-th of ``total``) decoded by every method: once, or each draw (--samples) or
+    turn (--turns) in order; appends the runs, and each output's first difference from ``ar``'s."""
+    samples, turns = b.samples, b.turns
+    subs = samples if samples > 1 else min(turns, max(1, len(p.turns)))
+    answers: dict = {m: [] for m in b.methods}
+    for s in range(subs):
+        pid = p.id if subs == 1 and samples == 1 and turns == 1 else f"{p.id}#{s + 1}"
+        first = len(runs)
+        for m in b.methods:
+            if turns > 1:  # the conversation so far, with this method's own answers
+                ids = b.encode(p.turns[s], p.turns[:s], tuple(answers[m]))
+            else:
+                ids = b.encode(p.text)
+            if b.reused and m == "ar":
+                runs.append(b.reused[(p.dataset, p.id)])
+                continue
+            _progress(k, total, p, m, t_start)
+            runs.append(_timed_run(b, m, ids, p, pid, s, seed=b.args.seed + k * samples + s))
+            if turns > 1:
+                answers[m].append(b.tok.decode(runs[-1].tokens, skip_special_tokens=True))
+        mismatches.extend(_mismatches(b, runs[first:], p, pid, ids))
+
+
+def _timed_run(b: _Bench, m: str, ids, p, pid: str, s: int, seed: int) -> Run:
+    """--repeats timed runs of method ``m`` on ``ids``: the last run's tokens and stats, the median time,
+    and the spread of the times (``stats["time_spread"]``)."""
+    times, toks, st = [], None, {}
+    for _ in range(max(1, b.args.repeats)):
+        toks, dt, st = b.runners[m].run(ids, seed=seed)
+        times.append(dt)
+    spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
+    st["time_spread"] = spread
+    return Run(p.dataset, pid, m, toks, statistics.median(times), st.get("forward_passes"), st,
+               None if pid == p.id else s + 1)
+
+
+def _mismatches(b: _Bench, group: list[Run], p, pid: str, ids) -> list[dict]:
+    """Where each run of ``group[1:]`` first differs from ``group[0]`` (``ar``'s), with greedy's top-2
+    logit gap there unless --no-gap, sampling or --turns."""
+    ref = group[0].tokens
+    out = []
+    for r in group[1:]:
+        pos = first_mismatch(r.tokens, ref)
+        if pos is not None:
+            gap = None
+            if not b.args.no_gap and pos < len(ref) and b.turns == 1:
+                gap = top2_gap(b.model, ids, ref, pos)
+            out.append({"dataset": p.dataset, "prompt_id": pid, "method": r.method, "position": pos, "top2_gap": gap})
+    return out
+
+
+def _tables(runs: list[Run], methods: list[str], turns: int) -> tuple[list[dict], list[dict], list[dict], str]:
+    """The summary rows, the profile, the rows per sample index or turn, and the markdown of them all."""
     rows = summarize(runs, methods)
     prof = profile(runs, methods)
     md = report_md(rows, runs, methods, prof)
@@ -667,8 +579,18 @@ def run(args) -> int:
     if by_sample:
         md += ("\n\nBy " + ("turn" if turns > 1 else "sample index") + " (every prompt's draw or turn s, pooled over "
                "prompts; the first has no history of this prompt, the s-th has s - 1 earlier outputs):\n\n" + table(by_sample))
-    noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
-    meta = {
+    return rows, prof, by_sample, md
+
+
+def _meta(args, samples: int, turns: int) -> dict:
+    """results.json's ``meta``: the command, the machine, the versions and every setting of the run."""
+    import torch
+    import transformers
+
+    import goose
+    from goose import machine
+
+    return {
         "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version(),
                     "cpu": machine.cpu(), "cpu_line": machine.describe()},
@@ -691,8 +613,16 @@ def run(args) -> int:
         "top_p": getattr(args, "top_p", None),
         "seed": getattr(args, "seed", 0),
     }
+
+
+def _print_results(args, n_prompts: int, samples: int, turns: int, reused: dict | None, md: str,
+                   mismatches: list[dict], noisy: list[Run]) -> None:
+    """The run's header (model, settings, CPU), the tables, the outputs that differ from ``ar``'s and
+    a note on noisy timings, on stdout."""
+    from goose import machine
+
     print(
-        f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {len(prompts)} prompts, "
+        f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {n_prompts} prompts, "
         f"max_new_tokens {args.max_new_tokens}; methods interleaved per prompt; speedup vs ar (transformers "
         + (f"sampling at temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed} + prompt index; "
            "hf-pld samples too; 'identical' = seed-identical to transformers' sampling)\n" if getattr(args, "temperature", 0.0) else "greedy)\n")
@@ -720,21 +650,22 @@ def run(args) -> int:
             print("Every method's output is identical to greedy decoding on every prompt.")
     if noisy:
         print(f"Note: {len(noisy)} runs varied by more than 15% across repeats: the machine was noisy.")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        _save(out, {"meta": meta, "summary": rows, "by_sample": by_sample, "profile": prof, "mismatches": mismatches, "runs": [r.__dict__ for r in runs]})
-        (out / "results.md").write_text(md + "\n")
-        print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
-        if not args.no_plots:
-            from goose.tools.plots import bench_plots
 
-            pngs = bench_plots(rows, out, catcher.best)
-            if pngs:
-                print("Plots: " + ", ".join(str(x) for x in pngs))
-            else:
-                print("Plots skipped: matplotlib is not installed (pip install 'goose-spec[plots]')")
-    return 0
+
+def _write_results(out: Path, results: dict, md: str, rows: list[dict], best, no_plots: bool) -> None:
+    """results.json, results.md and, unless ``no_plots``, the PNG plots (``best``: the tree drawn) in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    _save(out, results)
+    (out / "results.md").write_text(md + "\n")
+    print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
+    if not no_plots:
+        from goose.tools.plots import bench_plots
+
+        pngs = bench_plots(rows, out, best)
+        if pngs:
+            print("Plots: " + ", ".join(str(x) for x in pngs))
+        else:
+            print("Plots skipped: matplotlib is not installed (pip install 'goose-spec[plots]')")
 
 
 def _results_file(path: str) -> Path:

@@ -1,0 +1,133 @@
+"""The code's shape: no import circle (lazy imports included), the core never imports goose.tools, and no
+function longer than 120 lines. Read from the source files, so a change that breaks one fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# package folders: goose/ itself, and the top-level folders installed as goose.<name> (pyproject.toml)
+PACKAGES = {"goose": ROOT / "goose", "goose.plugins": ROOT / "plugins", "goose.policies": ROOT / "policies",
+            "goose.verifiers": ROOT / "verifiers", "goose.theory": ROOT / "theory"}
+MAX_LINES = 120
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every goose module ``name`` imports, at the top or inside a function."""
+    tree = ast.parse(path.read_text(), str(path))
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    # a package's __init__ is imported with any of its modules; importing "goose" alone is not an edge
+    return {m: {t for t in _imports(m, p, known) if t != "goose"} for m, p in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_sees_a_lazy_circle(tmp_path):
+    """The check above can fail: a circle of lazy imports, as compose -> decoding -> generation -> hf -> compose was."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    lazy = tmp_path / "generation.py"
+    lazy.write_text((ROOT / "goose" / "generation.py").read_text() + "\n\ndef _lazy():\n    from goose.hf import hf_generate\n")
+    graph = _graph()
+    graph["goose.generation"] = _imports("goose.generation", lazy, set(graph))
+    assert ["goose.compose", "goose.decoding", "goose.generation", "goose.hf"] in _cycles(graph)
+
+
+def test_the_core_never_imports_the_tools():
+    graph = _graph()
+    # the core: goose/ outside goose/tools and __main__, the sources, policies and verifiers (goose.theory's
+    # collect runs real models over the benchmark prompts: tooling, like goose.tools)
+    core = [m for m in graph if not (m.startswith(("goose.tools", "goose.theory")) or m == "goose.__main__")]
+    bad = {m: sorted(t for t in graph[m] if t == "goose.tools" or t.startswith("goose.tools.")) for m in core}
+    assert {m: t for m, t in bad.items() if t} == {}
+
+
+def _long_functions() -> list[str]:
+    out = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_LINES:
+                    out.append(f"{name}.{node.name}: {n} lines")
+    return out
+
+
+def test_no_function_over_120_lines():
+    assert _long_functions() == []
+
+
+@pytest.mark.parametrize("lines", [MAX_LINES + 1])
+def test_the_length_check_sees_a_long_function(lines, tmp_path, monkeypatch):
+    body = "".join(f"    x{i} = {i}\n" for i in range(lines - 1))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}")
+    monkeypatch.setitem(PACKAGES, "goose.fake", tmp_path)
+    assert _long_functions()[-1:] == [f"goose.fake.long.long: {lines} lines"]
