@@ -287,10 +287,6 @@ class DraftContext:
                 out[s.name] = p
         return out
 
-    @property
-    def has_successors(self) -> bool:
-        return bool(self._succ)
-
     def successors(
         self, token: int, prev: int | None, depth: int | None = None
     ) -> tuple[Sequence[int], Sequence[float], str]:

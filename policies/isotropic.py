@@ -32,15 +32,8 @@ from pydantic import Field, field_validator
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, TreePolicy
-from goose.policies.spine import (
-    BRANCH,
-    ROOT_BRANCH,
-    SPINE,
-    require_some_source,
-    resolve_spine_source,
-    spine_and_successors,
-)
-from goose.policies.merge import CHAIN, Drafted, SourceRates, chain_sources, gather, rank
+from goose.policies.merge import CHAIN, SPINE, Drafted, MergingPolicy, gather, rank, spine_and_successors
+from goose.policies.spine import BRANCH, ROOT_BRANCH
 from goose.tree import ROOT, DraftTree
 
 
@@ -58,33 +51,14 @@ class IsotropicOptions(Options):
     min_score: float = Field(0.01, ge=0.0, lt=1.0, description="successors scoring below this are not drafted")
 
 
-class IsotropicPolicy(TreePolicy):
+class IsotropicPolicy(MergingPolicy):
     """Balanced k-ary tree over the same sources and budget as the spine tree, no spine."""
 
     name = "isotropic"
     Options = IsotropicOptions
 
-    def __init__(self, options: IsotropicOptions | None = None):
-        super().__init__(options)
-        self._spine: str | None = None
-        self._chains: tuple[str, ...] = ()
-        self._bound = False
-        self.rates = SourceRates()
-
-    def bind(self, sources: Sequence[DraftSource]) -> None:
-        require_some_source(self.name, sources)
-        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources) if self.options.spine_source else None
-        self._chains = chain_sources(sources)
-        self._bound = True
-
-    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
-        return frozenset(s.name for s in sources)  # every source's chain merges into the tree
-
     def begin(self, request) -> None:
         self.rates.begin(fresh=request is None)
-
-    def max_nodes(self, budget: int) -> int:
-        return budget + (self.options.extension if self.options.confidence else 0)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         if not self._bound:
@@ -244,15 +218,16 @@ class TRTreePolicy(TreePolicy):
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         st = ctx.state
-        root_ids, root_scores, _ = ctx.successors(st.anchor, st.prev_anchor)
+        root_ids, root_scores, root_src = ctx.successors(st.anchor, st.prev_anchor)
         if not len(root_ids):
             return None
         budget, depth_cap, min_score = ctx.budget, st.max_depth, self.options.min_score
         tokens = [st.anchor]
         parents = [-1]
         origins = [ROOT]
+        vouch: list[tuple[str, ...]] = [()]  # the successor source each node came from (stats.per_source)
         node_of = [0]  # slot -> node index, -1 when the slot is empty
-        rows = {0: (root_ids, root_scores, set())}
+        rows = {0: (root_ids, root_scores, set(), root_src)}
         for p, r, depth in self.slots:
             if len(tokens) >= budget or depth > depth_cap:
                 break
@@ -262,9 +237,9 @@ class TRTreePolicy(TreePolicy):
                 continue
             row = rows.get(pn)
             if row is None:
-                ids, scores, _ = ctx.successors(tokens[pn], tokens[parents[pn]])
-                row = rows[pn] = (ids, scores, set())
-            ids, scores, used = row
+                ids, scores, src = ctx.successors(tokens[pn], tokens[parents[pn]])
+                row = rows[pn] = (ids, scores, set(), src)
+            ids, scores, used, src = row
             if r >= len(ids) or scores[r] < min_score or ids[r] in used:
                 node_of.append(-1)
                 continue
@@ -274,9 +249,10 @@ class TRTreePolicy(TreePolicy):
             tokens.append(t)
             parents.append(pn)
             origins.append(ROOT_BRANCH if pn == 0 else BRANCH)
+            vouch.append((src,))
         if len(tokens) < 2:
             return None
-        return DraftTree.build(tokens, parents, origins, None, "tr")
+        return DraftTree.build(tokens, parents, origins, None, "tr", vouch)
 
 
 @hookimpl(trylast=True)

@@ -20,7 +20,7 @@ the **spine** follows each source's *measured* acceptance, never the order of ``
   where it first disagrees and hangs there as a **side chain** (origin ``"chain"``), drafted while
   its source's rate of being right from the fork on stays at or above ``side_min``.
 
-With a single chain source nothing of this changes a tree: its chain is the spine, as before.
+With a single chain source, its chain is the spine.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from goose.interfaces import DraftContext, DraftSource, Proposal
+from goose.errors import InvalidInputError
+from goose.interfaces import DraftContext, DraftSource, Options, Proposal, TreePolicy
 from goose.tree import DraftTree
 
 SPINE = "spine"
 CHAIN = "chain"  # origin of another source's chain where it leaves the spine
-CHAIN_ORIGINS = (SPINE, CHAIN)
 
 
 def first_chain(prop: Proposal) -> tuple[int, ...]:
@@ -176,8 +176,7 @@ def gather(ctx: DraftContext, names: Sequence[str]) -> list[Drafted]:
         if not chain:
             continue
         base = prop.info.get("match_len") if prop.info else None
-        c = prop.confidence
-        out.append(Drafted(name, tuple(chain), 0.0 if c < 0.0 else 1.0 if c > 1.0 else c,
+        out.append(Drafted(name, tuple(chain), prop.confidence,  # in [0, 1]: check_proposal saw to it
                            base if isinstance(base, int) and not isinstance(base, bool) else None))
     return out
 
@@ -343,3 +342,68 @@ class Trie:
 
     def tree(self, route: str, **meta) -> DraftTree:
         return DraftTree.build(self.tokens, self.parents, self.origins, None, route, self.sources, **meta)
+
+
+def resolve_spine_source(policy: str, wanted: str | None, sources: Sequence[DraftSource]) -> str | None:
+    """The name of the source whose chain forms the spine, or None when there is none.
+
+    ``wanted`` names it explicitly (it must be bound); None picks the first source that does not
+    provide successors.
+    """
+    names = [s.name for s in sources]
+    if wanted is not None:
+        if wanted not in names:
+            raise InvalidInputError(
+                f"policy {policy!r}: spine_source={wanted!r} is not among the decoder's sources "
+                f"{names}. Hint: add it to sources=[...] or set spine_source=None to use the first "
+                "chain source."
+            )
+        return wanted
+    for s in sources:
+        if not s.provides_successors:
+            return s.name
+    return None
+
+
+def spine_and_successors(spine: str | None, sources: Sequence[DraftSource]) -> frozenset[str]:
+    """What a spine-shaped policy drafts from: its spine source and every successor source."""
+    return frozenset({*([spine] if spine else []), *(s.name for s in sources if s.provides_successors)})
+
+
+def require_some_source(policy: str, sources: Sequence[DraftSource]) -> None:
+    if not sources:
+        raise InvalidInputError(
+            f"policy {policy!r} needs at least one draft source: a chain source (e.g. 'pld') for the "
+            "spine and/or a successor source (e.g. 'tr') for the branches; got sources=[]. "
+            "Hint: sources=['pld', 'tr']."
+        )
+
+
+class MergingPolicy(TreePolicy):
+    """The wiring of a policy that merges every source's chain into its tree (``spine-tree``, ``isotropic``):
+    which sources it asks for chains, the spine source its options force (if any), the measured source rates
+    (:meth:`make_rates`), and the budget a confident chain extends (options ``confidence``, ``extension``)."""
+
+    def __init__(self, options: Options | None = None):
+        super().__init__(options)
+        self._spine: str | None = None
+        self._chains: tuple[str, ...] = ()
+        self._bound = False
+        self.rates = self.make_rates()
+
+    def make_rates(self) -> SourceRates:
+        """The per-source chain acceptance this policy learns (defaults: a pessimistic prior)."""
+        return SourceRates()
+
+    def bind(self, sources: Sequence[DraftSource]) -> None:
+        require_some_source(self.name, sources)
+        forced = self.options.spine_source
+        self._spine = resolve_spine_source(self.name, forced, sources) if forced else None
+        self._chains = chain_sources(sources)
+        self._bound = True
+
+    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
+        return frozenset(s.name for s in sources)  # every chain merges into the tree, every successor source branches
+
+    def max_nodes(self, budget: int) -> int:
+        return budget + (self.options.extension if self.options.confidence else 0)

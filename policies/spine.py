@@ -1,4 +1,4 @@
-"""The anisotropic spine tree (GOOSE, section 6 of docs/goose-algorithm.md) and the bypass.
+"""The anisotropic spine tree (GOOSE, section 6 of docs/algorithm.md) and the bypass.
 
 A deep **spine** of context-matched tokens (the chain of a chain-proposing source, ``pld`` by
 default) hangs under the root; wide, shallow **branches** of successor-table tokens (``tr``)
@@ -47,55 +47,18 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from goose import manager
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
-from goose.interfaces import DraftContext, DraftSource, Options, Proposal, Request, TreePolicy, Verified
+from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.policies.merge import (
-    CHAIN, Drafted, Merged, SourceRates, Trie, chain_sources, first_chain, gather, gather_alternatives, merge, rank,
+    CHAIN, SPINE, Drafted, Merged, MergingPolicy, SourceRates, Trie, first_chain, gather, gather_alternatives, merge, rank,
+    resolve_spine_source,
 )
 from goose.tree import ROOT, DraftTree
 
-SPINE = "spine"
 BRANCH = "branch"
 ROOT_BRANCH = "root-branch"
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers shared with the isotropic policies
-# ---------------------------------------------------------------------------------------------
-def resolve_spine_source(policy: str, wanted: str | None, sources: Sequence[DraftSource]) -> str | None:
-    """The name of the source whose chain forms the spine, or None when there is none.
-
-    ``wanted`` names it explicitly (it must be bound); None picks the first source that does not
-    provide successors.
-    """
-    names = [s.name for s in sources]
-    if wanted is not None:
-        if wanted not in names:
-            raise InvalidInputError(
-                f"policy {policy!r}: spine_source={wanted!r} is not among the decoder's sources "
-                f"{names}. Hint: add it to sources=[...] or set spine_source=None to use the first "
-                "chain source."
-            )
-        return wanted
-    for s in sources:
-        if not s.provides_successors:
-            return s.name
-    return None
-
-
-def spine_and_successors(spine: str | None, sources: Sequence[DraftSource]) -> frozenset[str]:
-    """What a spine-shaped policy drafts from: its spine source and every successor source."""
-    return frozenset({*([spine] if spine else []), *(s.name for s in sources if s.provides_successors)})
-
-
-def require_some_source(policy: str, sources: Sequence[DraftSource]) -> None:
-    if not sources:
-        raise InvalidInputError(
-            f"policy {policy!r} needs at least one draft source: a chain source (e.g. 'pld') for the "
-            "spine and/or a successor source (e.g. 'tr') for the branches; got sources=[]. "
-            "Hint: sources=['pld', 'tr']."
-        )
 
 
 def harmonic_split(share: int, positions: int) -> tuple[int, ...]:
@@ -190,7 +153,7 @@ class SpineOptions(Options):
         return v
 
 
-class SpinePolicy(TreePolicy):
+class SpinePolicy(MergingPolicy):
     """The anisotropic spine tree: a PLD spine with harmonically decaying TR branches (no bypass)."""
 
     name = "spine-tree"
@@ -198,25 +161,11 @@ class SpinePolicy(TreePolicy):
 
     def __init__(self, options: SpineOptions | None = None):
         super().__init__(options)
-        self._spine: str | None = None
-        self._chains: tuple[str, ...] = ()
-        self._bound = False
-        o = self.options
-        self.rates = SourceRates(o.rate_prior, o.rate_weight, carry=o.rate_carry)
         self.begin(None)
 
-    # -- wiring ----------------------------------------------------------------------------------
-    def bind(self, sources: Sequence[DraftSource]) -> None:
-        require_some_source(self.name, sources)
-        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources) if self.options.spine_source else None
-        self._chains = chain_sources(sources)
-        self._bound = True
-
-    def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
-        return frozenset(s.name for s in sources)  # every chain merges into the tree, every successor source branches
-
-    def max_nodes(self, budget: int) -> int:
-        return budget + (self.options.extension if self.options.confidence else 0)
+    def make_rates(self) -> SourceRates:
+        o = self.options
+        return SourceRates(o.rate_prior, o.rate_weight, carry=o.rate_carry)
 
     def begin(self, request: Request | None) -> None:
         self.ema = self.options.ema_init
@@ -290,7 +239,7 @@ class SpinePolicy(TreePolicy):
         if merged.sides and branch_budget > 0:
             room = int(branch_budget * o.side_share)
             branch_budget -= trie.add_sides(merged, L, room, self.rates, o.side_min, depth_cap)
-        tokens, parents, origins, depths = trie.tokens, trie.parents, trie.origins, trie.depths
+        tokens, parents, depths = trie.tokens, trie.parents, trie.depths
 
         if L > 0 and branch_budget > 0 and o.spine_branches and o.spine_branch_share > 0.0:
             spine_share = max(1, int(branch_budget * o.spine_branch_share))
@@ -457,8 +406,6 @@ class BypassPolicy(TreePolicy):
 
     def __init__(self, options: BypassOptions | None = None):
         super().__init__(options)
-        from goose.compose import build_inner
-
         o = self.options
         _NESTING.depth = getattr(_NESTING, "depth", 0) + 1
         try:
@@ -467,7 +414,7 @@ class BypassPolicy(TreePolicy):
                     f"bypass policies nest more than {_MAX_NESTING} deep (inner={o.inner!r}); does the "
                     "inner policy wrap itself? Hint: inner='spine-tree'."
                 )
-            self.inner: TreePolicy = build_inner(o.inner, o.inner_options, {"spine_source": o.spine_source}, self.name)
+            self.inner: TreePolicy = manager.build_inner(o.inner, o.inner_options, {"spine_source": o.spine_source}, self.name)
         finally:
             _NESTING.depth -= 1
         self._spine: str | None = None
@@ -518,12 +465,9 @@ class BypassPolicy(TreePolicy):
             if (lead is not None and lead.confidence >= self.options.min_confidence
                     and len(lead.tokens) >= self.threshold(ctx.budget)
                     and (self.options.spine_source is None or lead.source == self.options.spine_source)):
-                n = min(len(lead.tokens), self.options.max_chain, ctx.state.max_depth)
-                if n > 0:
-                    return DraftTree.build(
-                        (ctx.state.anchor, *lead.tokens[:n]), range(-1, n), SPINE, None, "bypass",
-                        ((), *merged.spine_sources[:n]), spine_len=n, confidence=lead.confidence, chains=merged.chains,
-                    )
+                tree = self._bypass_tree(ctx, lead.tokens, merged.spine_sources, lead.confidence, chains=merged.chains)
+                if tree is not None:
+                    return tree
             return self.inner.shape(ctx)
         name = self._spine
         if name is not None:
@@ -531,13 +475,21 @@ class BypassPolicy(TreePolicy):
             if prop is not None and len(prop) and prop.confidence >= self.options.min_confidence:
                 chain = first_chain(prop)
                 if len(chain) >= self.threshold(ctx.budget):
-                    n = min(len(chain), self.options.max_chain, ctx.state.max_depth)
-                    if n > 0:
-                        return DraftTree.build(
-                            (ctx.state.anchor, *chain[:n]), range(-1, n), SPINE, None, "bypass",
-                            ((),) + ((name,),) * n, spine_len=n, confidence=prop.confidence,
-                        )
+                    tree = self._bypass_tree(ctx, chain, ((name,),) * len(chain), prop.confidence)
+                    if tree is not None:
+                        return tree
         return self.inner.shape(ctx)
+
+    def _bypass_tree(self, ctx: DraftContext, chain, vouching, confidence: float, **meta) -> DraftTree | None:
+        """The confident chain alone, verified as one chain (route ``bypass``), cut to ``max_chain`` and the
+        depth left; ``vouching``: the sources of each chain token. None where nothing is left to draft."""
+        n = min(len(chain), self.options.max_chain, ctx.state.max_depth)
+        if n <= 0:
+            return None
+        return DraftTree.build(
+            (ctx.state.anchor, *chain[:n]), range(-1, n), SPINE, None, "bypass",
+            ((), *vouching[:n]), spine_len=n, confidence=confidence, **meta,
+        )
 
     def observe(self, verified: Verified) -> None:
         tree = verified.tree

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from goose.policies.spine import harmonic_split  # the deployed rule, as the policy runs it
 from goose.theory.model import ROOT, SPINE, AcceptanceModel
 from goose.tree import DraftTree
 
@@ -80,24 +81,8 @@ def isotropic_tree(k: int, budget: int, max_depth: int = 6, origin: str = BRANCH
 
 
 # ---------------------------------------------------------------------------------------------
-# The deployed spine rule (goose-algorithm.md section 6) in the model
+# The deployed spine rule (docs/algorithm.md section 6) in the model
 # ---------------------------------------------------------------------------------------------
-def harmonic_split(share: int, positions: int) -> list[int]:
-    """Section 6's split of ``share`` branch nodes over spine positions j = 0..positions-1:
-    weight 1/(j+1), in depth order each position gets ``max(1, floor(share * w_j / W))`` capped
-    by what is left; the flooring remainder is not redistributed (the deployed rule)."""
-    if positions <= 0 or share <= 0:
-        return [0] * max(positions, 0)
-    w = [1.0 / (j + 1) for j in range(positions)]
-    total = sum(w)
-    out, left = [], share
-    for wj in w:
-        take = min(max(1, int(share * wj / total)), left) if left > 0 else 0
-        out.append(take)
-        left -= take
-    return out
-
-
 @dataclass(frozen=True)
 class SpineRule:
     """The knobs of the deployed construction (defaults: the reference configuration)."""
