@@ -102,7 +102,7 @@ BANDS = ((2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
 
 def by_depth(rows: list[dict]) -> str:
     """Per tier, the rate of depth d given d - 1 in bands of d, over all proposals: does a copy that has
-    held longer hold on likelier? (``FitOptions.spine_decay``: a floor rising with depth.)"""
+    held longer hold on likelier? (A floor rising with depth lost to the flat one: docs/results-archive.md.)"""
     out = ["| pld confidence tier | " + " | ".join(f"p_d, d {a}-{b}" if a != b else f"p_{a}" for a, b in BANDS) + " |",
            "|---" * (len(BANDS) + 1) + "|"]
     for _, label in TIERS:

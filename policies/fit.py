@@ -26,8 +26,12 @@ the fitted steps actually committed). The budget and the spine share (the share 
 that are spine nodes) are both chosen this way, step by step.
 
 When keeping no node (a single step) is best, the step is an ordinary decoding step (the
-automatic fallback, counted in the stats). ``estimator="classes"`` replaces the model by
-independent per-class rates (origin, depth, sibling rank), the estimate used before.
+automatic fallback, counted in the stats). A tree the acceptance model cannot read (a plugin
+policy's tree with two spine children at one node) is fitted with independent per-class rates
+(origin, depth bucket, rank among same-origin siblings) instead, counted as ``fit_model_misfits``.
+
+The rates are kept per :class:`Route`: the inner policy's route for the tree (``spine``,
+``bypass``, ``chain``, ...), the source leading its spine, and that chain's confidence tier.
 
 **Never slower than plain decoding.** The decision trusts what it has observed, not its priors:
 
@@ -56,8 +60,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
@@ -65,6 +70,10 @@ from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.tree import DraftTree
+
+if TYPE_CHECKING:
+    from goose.theory.calibrate import Counts
+    from goose.theory.model import AcceptanceModel
 
 
 class FitOptions(Options):
@@ -79,11 +88,14 @@ class FitOptions(Options):
     )
     prior: float = Field(0.1, ge=0.0, le=1.0, description="prior acceptance probability of a node class (pessimistic: trees must be earned by observed rates)")
     prior_weight: float = Field(2.0, gt=0.0, description="pseudo-observations behind the prior")
-    max_depth_bucket: int = Field(8, ge=1, description="classes: depths beyond this share one estimate")
-    max_spine_depth: int = Field(32, ge=1, description="cascade: spine depths beyond this share one rate")
+    max_depth_bucket: int = Field(
+        8, ge=1,
+        description="per-class rates (a tree the acceptance model cannot read): depths beyond this share one estimate",
+    )
+    max_spine_depth: int = Field(32, ge=1, description="spine depths beyond this share one rate")
     carry: float = Field(
         0.5, ge=0.0, le=1.0,
-        description="cascade: share of the acceptance counts carried into the decoder's next generation (0: start afresh)",
+        description="share of the acceptance counts carried into the decoder's next generation (0: start afresh)",
     )
     fallback: bool = Field(True, description="plain decoding step when no tree is worth its cost")
     explore_every: int = Field(8, ge=1, description="after this many fallbacks in a row, verify a small exploration tree")
@@ -107,53 +119,42 @@ class FitOptions(Options):
     calibrate_gain: bool = Field(
         True, description="scale the expected gain down when the model has over-predicted the accepted tokens"
     )
-    estimator: Literal["cascade", "classes"] = Field(
-        "cascade",
-        description="'cascade': the theory module's acceptance model with online rates; "
-        "'classes': independent rates per (origin, depth, sibling rank)",
-    )
-    max_rank: int = Field(16, ge=1, description="cascade: sibling ranks beyond this are given probability 0")
+    max_rank: int = Field(16, ge=1, description="sibling ranks beyond this are given probability 0")
     shadow: bool = Field(
         True,
-        description="cascade: also learn the spine rates past what was verified (the spine nodes the fit cut, all "
+        description="also learn the spine rates past what was verified (the spine nodes the fit cut, all "
         "of them on a plain step), checked in hindsight against the tokens the target commits there in this and "
         "the following steps (up to shadow_depth depths), so that deeper spine nodes are earned by evidence "
         "instead of staying at the prior",
     )
     pool_routes: bool = Field(
         True,
-        description="cascade: the bypass route's spine rates (a confident match's chain) are shrunk toward the rates "
+        description="the bypass route's spine rates (a confident match's chain) are shrunk toward the rates "
         "its lead source has earned on the policy's other routes, not toward the prior, so a source that has earned "
         "depth keeps it when the inner policy switches to the bypass",
     )
     pool_tiers: bool = Field(
         True,
-        description="cascade, with pool_routes: a bypass route's depths 2 and deeper borrow from every confidence tier of "
+        description="with pool_routes: a bypass route's depths 2 and deeper borrow from every confidence tier of "
         "its lead source (depth 1 from its own tier only); False: from its own tier only",
     )
     source_priors: dict[str, list[tuple[float, float, float]]] = Field(
         default_factory=lambda: {"pld": [(1.0, 0.7, 0.9), (0.7, 0.45, 0.9)]},
-        description="cascade: where a chain source's spine rates start, by the confidence of its chain this step: "
+        description="where a chain source's spine rates start, by the confidence of its chain this step: "
         "{source: [(min confidence, p_1, p_deeper), ...]}, the first tier the chain's confidence reaches wins; a tier's "
         "chains are learned apart from the source's other chains (route 'spine@pld^1'), shrunk toward (p_1, p_deeper) "
         "instead of `prior`. The pld tiers are calibrated on the tune split (docs/results.md); {}: every spine starts at `prior`",
     )
     continuation: bool = Field(
         True,
-        description="cascade, with shadow: a chain that continues an earlier step's spine still being checked (its "
+        description="with shadow: a chain that continues an earlier step's spine still being checked (its "
         "tokens are that spine's next ones, every one before them committed) is given that spine's route's rates "
         "from the depth it has reached (p_{K+1}, p_{K+2}, ... after K committed) when its tree is shaped, not a fresh "
         "chain's from depth 1 (what is learned is unchanged)",
     )
-    spine_decay: float = Field(
-        0.0, ge=0.0, le=4.0,
-        description="cascade, with source_priors: a tier's deeper spine rates start at a floor that rises with depth, "
-        "miss rate (1 - p_deeper) (2 / d)^spine_decay (on the tune split a copy that has held longer holds on likelier, "
-        "but 0.35 and 0.7 lost to 0 there: docs/results.md); 0: the flat floor p_deeper at every depth",
-    )
     shadow_depth: int = Field(
         64, ge=1,
-        description="cascade, with shadow: how many spine depths past the verified spine a step's inner spine is "
+        description="with shadow: how many spine depths past the verified spine a step's inner spine is "
         "checked for, against the tokens this and the following steps commit (1: the target's next token only)",
     )
 
@@ -171,6 +172,23 @@ class FitOptions(Options):
         return {source: sorted(tiers, key=lambda t: -t[0]) for source, tiers in v.items()}  # highest tier first
 
 
+@dataclass(frozen=True)
+class Route:
+    """The key of one set of acceptance rates: the inner policy's route for the tree (``kind``: ``spine``,
+    ``bypass``, ``chain``, ...), the source that leads its spine (``lead``; None when no source does), and
+    the confidence tier of that source's chain (``tier``: the tier's minimum confidence in
+    ``FitOptions.source_priors``; None when the source has no tier there or the chain reaches none).
+    ``str()`` writes it as ``kind@lead^tier`` (``spine@pld^1``, ``bypass@pld``, ``spine``)."""
+
+    kind: str
+    lead: str | None = None
+    tier: float | None = None
+
+    def __str__(self) -> str:
+        out = self.kind if self.lead is None else f"{self.kind}@{self.lead}"
+        return out if self.tier is None else f"{out}^{self.tier:g}"
+
+
 class FitPolicy(TreePolicy):
     """Prune the inner policy's tree to maximise expected tokens per second on this device."""
 
@@ -179,7 +197,7 @@ class FitPolicy(TreePolicy):
 
     def __init__(self, options: FitOptions | None = None):
         super().__init__(options)
-        from goose.compose import build_inner
+        from goose.manager import build_inner
 
         o = self.options
         if o.inner == "fit" or o.inner.endswith("-fit"):
@@ -197,14 +215,15 @@ class FitPolicy(TreePolicy):
 
             items = sorted((int(k), float(v)) for k, v in o.latency.items())
             self.curve = LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
-        # route lead ("pld^0.7", as tier() writes it) -> where that tier's spine rates start
+        self._t: list[float] | None = None  # the curve's latency by tree size (attach, or the first fit)
+        # (lead source, tier) -> (p_1, p_deeper): where that tier's spine rates start
         self._starts = {
-            f"{source}{tier(o.source_priors, source, floor)}": (p1, deeper, o.spine_decay)
-            for source, tiers in o.source_priors.items() for floor, p1, deeper in tiers
+            (source, floor): (p1, deeper) for source, tiers in o.source_priors.items() for floor, p1, deeper in tiers
         }
-        self.acc: Counter = Counter()
+        self.acc: Counter = Counter()  # per-class rates (a tree the acceptance model cannot read)
         self.trials: Counter = Counter()
         self.observed: Counter = Counter()  # latency, calibration and exploration sums (carried)
+        self.route_counts: dict[Route, Counts] = {}  # acceptance counts per route (begin starts them)
         self.begin(None)
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
@@ -238,23 +257,27 @@ class FitPolicy(TreePolicy):
 
         self.acc.clear()
         self.trials.clear()
-        old = getattr(self, "route_counts", {})
-        self.route_counts: dict[str, Counts] = defaultdict(Counts)
+        old = self.route_counts
+        self.route_counts = defaultdict(Counts)
         carry = self.options.carry if request is not None else 0.0
         if carry > 0.0:
             for route, c in old.items():
                 self.route_counts[route] = c.scaled(carry)
         self.observed = Counter({k: v * carry for k, v in self.observed.items()}) if carry > 0.0 else Counter()
-        self.models: dict = {}
+        self.models: dict[Route, AcceptanceModel] = {}  # smoothed rates per route, until its counts change
         self.counts: Counter = Counter()
         self.streak = 0
-        self.pending: float | None = None
+        # the step being shaped and verified
+        self.pending: float | None = None  # the fitted tree's expected tokens
+        self._pending_fitted = False  # whether that tree was fitted (an exploration tree is not the fit's bet)
+        self._kind = "fitted"  # "fitted" or "explore"
+        self._shadow: tuple[Route, list[int]] | None = None  # (route, the inner tree's spine tokens)
         self._step: tuple | None = None  # (kind, size, shape-end time) of the step being verified
         self._open: list = []  # earlier steps' spines still being checked against committed tokens (shadow)
         if request is not None:
             self.inner.begin(request)
 
-    # -- estimates ---------------------------------------------------------------------------------
+    # -- per-class rates: the estimate for a tree the acceptance model cannot read -------------------
     def _keys(self, tree: DraftTree) -> list:
         """A class per node: (origin, depth bucket, rank among same-origin siblings, capped)."""
         dcap = self.options.max_depth_bucket
@@ -306,30 +329,26 @@ class FitPolicy(TreePolicy):
         tree = self.inner.shape(ctx)
         if tree is None or tree.num_nodes < 2:
             return tree
-        if not hasattr(self, "_t"):
-            self._t = self.curve.table(512) if self.curve is not None else None
+        if self._t is None and self.curve is not None:  # not attached to a model: the fixed curve
+            self._t = self.curve.table(512)
         if self._t is None:
             return tree
         parents = tree.parents
         n = tree.num_nodes
         route, view = _per_source(tree, self.options.source_priors)
-        model = None
-        if self.options.estimator == "cascade":
-            model = self._model(route)
-            spine = _spine_tokens(tree) if self.options.shadow else None
-            continued = self._continues(spine) if spine and self.options.continuation else None
-            if continued is not None:
-                model = self._shifted(model, *continued)
-                self.counts["continued_steps"] += 1
-            if spine is not None:
-                self._shadow = (route, spine)
-        if model is not None:
-            try:
-                prob = model.reach(view).tolist()
-            except ValueError:  # a plugin tree outside the model (e.g. two spine children): per-class rates
-                model = None
-                c0 = self.counts
-                c0["model_misfits"] += 1
+        model = self._model(route)
+        spine = _spine_tokens(tree) if self.options.shadow else None
+        continued = self._continues(spine) if spine and self.options.continuation else None
+        if continued is not None:
+            model = self._shifted(model, *continued)
+            self.counts["continued_steps"] += 1
+        if spine is not None:
+            self._shadow = (route, spine)
+        try:
+            prob = model.reach(view).tolist()
+        except ValueError:  # a plugin tree outside the model (e.g. two spine children): per-class rates
+            model = None
+            self.counts["model_misfits"] += 1
         if model is None:
             keys = self._keys(tree)
             prob = [1.0] * n
@@ -376,7 +395,7 @@ class FitPolicy(TreePolicy):
             self._pending_fitted = self._kind == "fitted"
         return out
 
-    def _continues(self, spine: list[int]) -> tuple[str, int] | None:
+    def _continues(self, spine: list[int]) -> tuple[Route, int] | None:
         """(route, K) of the open spine check this step's spine continues (its next unchecked tokens are this
         spine's first ones, K of its tokens committed so far), the one with the most committed; None if none."""
         best = None
@@ -387,7 +406,7 @@ class FitPolicy(TreePolicy):
                 best = (route, i)
         return best
 
-    def _shifted(self, model, route: str, k: int):
+    def _shifted(self, model: AcceptanceModel, route: Route, k: int) -> AcceptanceModel:
         """``model`` with its spine rates replaced by ``route``'s from depth k + 1 on (a continued chain)."""
         from goose.theory.model import AcceptanceModel
 
@@ -400,7 +419,9 @@ class FitPolicy(TreePolicy):
         ob = self.observed
         return ob["explore_lost"] + max(0.0, worst) <= self.options.explore_share * (ob["time"] + worst)
 
-    def _model(self, route: str):
+    def _model(self, route: Route) -> AcceptanceModel:
+        """The route's rates: its counts smoothed toward its start (``_tier_prior``, else ``prior``), or for a
+        bypass route toward what its lead source earned on its other routes (``_earned_elsewhere``)."""
         m = self.models.get(route)
         if m is None:
             from goose.theory.calibrate import smoothed
@@ -413,42 +434,43 @@ class FitPolicy(TreePolicy):
             )
         return m
 
-    def _tier_prior(self, route: str) -> tuple[float, float, float] | None:
-        """(p_1, p_deeper, spine_decay) where a confidence tier's spine rates start (``source_priors``); None: ``prior``."""
-        return self._starts.get(route.partition("@")[2])
+    def _tier_prior(self, route: Route) -> tuple[float, float] | None:
+        """(p_1, p_deeper) where the route's confidence tier starts its spine rates (``source_priors``); None:
+        ``prior``."""
+        return self._starts.get((route.lead, route.tier)) if route.tier is not None else None
 
-    def _stale(self, route: str) -> None:
+    def _stale(self, route: Route) -> None:
         """The route's counts changed: drop its cached model, and its source's bypass model that borrows from them."""
         self.models.pop(route, None)
-        source = _source_of(route)
-        if source:  # every bypass route of that source borrows from it (_earned_elsewhere)
-            for key in [k for k in self.models if k.startswith("bypass@") and _source_of(k) == source]:
+        if route.lead is not None:  # every bypass route of that source borrows from it (_earned_elsewhere)
+            for key in [k for k in self.models if k.kind == "bypass" and k.lead == route.lead]:
                 del self.models[key]
 
-    def _earned_elsewhere(self, route: str):
+    def _earned_elsewhere(self, route: Route) -> tuple[float, ...] | None:
         """For a bypass route (``bypass@pld^1``), the spine rates its lead source (pld) has earned on the other
         routes, pooled and smoothed as usual; None for other routes, or when the others have no spine trials.
+
+        Only the bypass route borrows. It is drafted only when the match is confident, so the rates its
+        source earned on every route are a pessimistic start for it. The other routes differ by what
+        competes with the spine for nodes (TR's branches on ``spine``, nothing on ``chain``), so one's
+        rates would mislead the other: pooling the spine and chain routes gave Gemma-3 GSM8K tau 1.73
+        against 1.94 kept apart (docs/results-archive.md).
+
         Depth 1 is pooled over the routes of the same confidence tier only (where a chain starts is what a
         tier says: Gemma-3's first proposals held their first token 0.94 of the time at tier 1.0, 0.70 at
         0.7-0.9), the deeper depths over every tier of the source (the rate of depth d given d - 1 is much
-        the same in every tier, docs/results.md): a consensus match that carries on a loop the source's
-        long matches have already held through starts with that depth earned."""
+        the same in every tier; both in docs/results.md): a consensus match that carries on a loop the
+        source's long matches have already held through starts with that depth earned. ``pool_tiers=False``:
+        the same tier only, at every depth."""
         from goose.theory.calibrate import Counts, smoothed
 
-        kind, _, lead = route.partition("@")
-        # Only the bypass route borrows. It is drafted only when the match is confident, so the rates its
-        # source earned unconditionally are a pessimistic start for it. The other routes differ by what
-        # competes with the spine for nodes (TR's branches on ``spine``, nothing on ``chain``): one's
-        # rates would mislead the other (measured: Gemma-3 GSM8K tau 1.94 -> 1.73 when they were pooled).
-        if kind != "bypass" or not lead:
+        if route.kind != "bypass" or route.lead is None:
             return None
-        source = _source_of(route)
         pooled = Counts()
         for r, c in self.route_counts.items():
-            other = r.partition("@")[2]
-            if r == route or _source_of(r) != source:
+            if r == route or r.lead != route.lead:
                 continue
-            same = other == lead
+            same = r.tier == route.tier
             if not same and not self.options.pool_tiers:
                 continue
             for d, v in c.spine_trials.items():
@@ -463,30 +485,29 @@ class FitPolicy(TreePolicy):
         return smoothed(pooled, o.prior, o.prior_weight, o.max_spine_depth, 1, start=self._tier_prior(route)).spine
 
     def observe(self, verified: Verified) -> None:
-        if verified.kind == "tree" and self._step is not None and hasattr(self, "_t"):
+        if verified.kind == "tree" and self._step is not None and self._t is not None:
             self._account(verified)
         self._step = None
         tree = verified.tree
-        shadow, self._shadow = getattr(self, "_shadow", None), None
+        shadow, self._shadow = self._shadow, None
         if verified.kind == "tree" and tree is not None and (shadow is not None or self._open):
             self._learn_past(shadow, verified)
         if verified.kind == "tree" and tree is not None and tree.num_nodes > 1:
             if self.pending is not None:
                 self.counts["predicted_tokens"] += self.pending
                 self.counts["predicted_steps_tokens"] += len(verified.path)
-                if getattr(self, "_pending_fitted", False):  # exploration trees are not the fit's bet
+                if self._pending_fitted:  # exploration trees are not the fit's bet
                     self.observed["calib_pred"] += self.pending - 1.0
                     self.observed["calib_got"] += len(verified.path) - 1.0
                 self.pending = None
-            if self.options.estimator == "cascade":
-                from goose.theory.calibrate import count_step
+            from goose.theory.calibrate import count_step
 
-                try:
-                    route, view = _per_source(tree, self.options.source_priors)
-                    count_step(self.route_counts[route], view.parents, view.origins, verified.path)
-                    self._stale(route)
-                except ValueError:
-                    pass
+            try:
+                route, view = _per_source(tree, self.options.source_priors)
+                count_step(self.route_counts[route], view.parents, view.origins, verified.path)
+                self._stale(route)
+            except ValueError:  # a tree outside the model: its per-class counts below still learn
+                pass
             on_path = set(verified.path)
             keys = self._keys(tree)
             for i in range(1, tree.num_nodes):
@@ -496,7 +517,7 @@ class FitPolicy(TreePolicy):
                         self.acc[keys[i]] += 1
         self.inner.observe(verified)
 
-    def _learn_past(self, shadow, verified: Verified) -> None:
+    def _learn_past(self, shadow: tuple[Route, list[int]] | None, verified: Verified) -> None:
         """Spine trials past the verified spine, in hindsight. When the walk accepted every spine node
         kept (none on a plain step) and the inner tree's spine went on, its next tokens are checked,
         depth by depth, against the tokens the target committed there: the rest of this step's walk
@@ -586,8 +607,8 @@ class FitPolicy(TreePolicy):
             fit_model_misfits=c["model_misfits"],
             fit_shadow_trials=c["shadow_trials"],
             fit_continued_steps=c["continued_steps"],
-            fit_latency_ratio_single=round(self._ratios()[0], 3) if hasattr(self, "_t") else None,
-            fit_latency_ratio_tree=round(self._ratios()[1], 3) if hasattr(self, "_t") else None,
+            fit_latency_ratio_single=round(self._ratios()[0], 3) if self._t is not None else None,
+            fit_latency_ratio_tree=round(self._ratios()[1], 3) if self._t is not None else None,
             fit_gain_scale=round(self._kappa(), 3),
             fit_explore_lost_share=round(self.observed["explore_lost"] / self.observed["time"], 4)
             if self.observed["time"] else 0.0,
@@ -613,31 +634,26 @@ def _spine_tokens(tree: DraftTree) -> list[int]:
         node = nxt
 
 
-def _source_of(route: str) -> str:
-    """The lead source of a route key (``bypass@pld^1`` -> ``pld``), or '' for a route without one."""
-    return route.partition("@")[2].partition("^")[0]
-
-
-def tier(priors: dict, source: str, confidence) -> str:
-    """The confidence tier of ``source``'s chain (``FitOptions.source_priors``) as a route suffix, or ''."""
+def tier(priors: dict, source: str, confidence: float | None) -> float | None:
+    """The confidence tier of ``source``'s chain (``FitOptions.source_priors``): the minimum confidence of
+    the first (highest) tier the chain's confidence reaches, or None."""
     for floor, _, _ in priors.get(source, ()):
         if confidence is not None and confidence >= floor:
-            return f"^{floor:g}"
-    return ""
+            return floor
+    return None
 
 
-def _per_source(tree: DraftTree, priors: dict | None = None):
+def _per_source(tree: DraftTree, priors: dict | None = None) -> tuple[Route, DraftTree | _View]:
     """The rates' key and the tree as the acceptance model reads it, per source: spine rates are
     learned per source leading the spine (route ``spine@suffix``), and per confidence tier of its
     chain where ``priors`` (``FitOptions.source_priors``) has tiers for that source
     (``spine@pld^1``); another source's side chain (origin ``chain``) is its own origin group
-    (``chain:suffix``). With one chain source and no tiers this is the tree and route as they are."""
+    (``chain:suffix``). A tree without side chains is its own view."""
     if tree.sources is None or tree.num_nodes < 2:
-        return tree.route, tree
+        return Route(tree.route), tree
     lead = next((s[0] for o, s in zip(tree.origins, tree.sources) if o == "spine" and s), None)
-    route = tree.route if lead is None else f"{tree.route}@{lead}"
-    if lead is not None and priors:
-        route += tier(priors, lead, tree.meta.get("confidence"))
+    floor = tier(priors, lead, tree.meta.get("confidence")) if lead is not None and priors else None
+    route = Route(tree.route, lead, floor)
     if "chain" not in tree.origins:
         return route, tree
     origins = tuple(f"chain:{s[0]}" if o == "chain" and s else o for o, s in zip(tree.origins, tree.sources))

@@ -28,12 +28,11 @@ def run(prompt, n, latency, **opts):
     n=st.integers(1, 60),
     latency=st.sampled_from([FLAT, STEEP, {1: 1.0, 8: 1.5, 32: 4.0, 128: 20.0}]),
     prior=st.sampled_from([0.05, 0.3, 0.9]),
-    estimator=st.sampled_from(["cascade", "classes"]),
     tiers=st.sampled_from([None, {}, {"pld": [(0.0, 0.9, 0.99)]}, {"pld": [(1.0, 0.05, 0.5), (0.5, 0.9, 0.9)]}]),
     continuation=st.booleans(),
 )
-def test_fit_is_lossless(prompt, n, latency, prior, estimator, tiers, continuation):
-    run(prompt, n, latency, prior=prior, estimator=estimator, continuation=continuation,
+def test_fit_is_lossless(prompt, n, latency, prior, tiers, continuation):
+    run(prompt, n, latency, prior=prior, continuation=continuation,
         **({} if tiers is None else {"source_priors": tiers}))
 
 
@@ -514,7 +513,7 @@ def test_hindsight_trials_follow_the_committed_tokens_of_later_steps():
     """A cut spine keeps being checked, depth by depth, against what the following steps commit,
     until its first miss; with shadow_depth=1 only the target's next token is checked."""
     from goose.interfaces import Verified
-    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.policies.fit import FitOptions, FitPolicy, Route
     from goose.tree import DraftTree
 
     import torch
@@ -530,12 +529,12 @@ def test_hindsight_trials_follow_the_committed_tokens_of_later_steps():
 
     def run(depth, later):
         pol = FitPolicy(FitOptions(latency=FLAT, shadow_depth=depth))
-        pol._shadow = ("chain", spine)
+        pol._shadow = (Route("chain"), spine)
         pol.observe(verified(kept, (0, 1, 2), 3))  # depth 3 right (the bonus)
         for bonus in later:  # plain steps, each committing one token; their own spines say nothing
             pol._shadow = None
             pol.observe(verified(DraftTree.single(9), (0,), bonus))
-        c = pol.route_counts["chain"]
+        c = pol.route_counts[Route("chain")]
         # depths past the kept spine (1 and 2 are booked by the verified tree itself)
         return ({d: c.spine_trials[d] for d in range(3, 9) if c.spine_trials[d]},
                 {d: c.spine_hits[d] for d in range(3, 9) if c.spine_hits[d]})
@@ -549,12 +548,12 @@ def test_hindsight_trials_follow_the_committed_tokens_of_later_steps():
     assert run(1, (4, 5, 6)) == ({3: 1}, {3: 1})
     # a tree step's walk and bonus feed the open spine in order
     pol = FitPolicy(FitOptions(latency=FLAT))
-    pol._shadow = ("chain", spine)
+    pol._shadow = (Route("chain"), spine)
     pol.observe(verified(kept, (0, 1, 2), 3))
     pol._shadow = None
     walk = DraftTree.build((3, 4, 5, 8), (-1, 0, 1, 2), "spine", route="chain")
     pol.observe(verified(walk, (0, 1, 2), 6))  # commits 4, 5, then the bonus 6: depths 4, 5, 6 right
-    c = pol.route_counts["chain"]
+    c = pol.route_counts[Route("chain")]
     assert [c.spine_hits[d] for d in range(3, 8)] == [1, 1, 1, 1, 0] and c.spine_trials[7] == 0
 
 
@@ -577,24 +576,24 @@ def test_a_chain_that_continues_an_open_spine_is_shaped_from_the_depth_it_has_re
     """``continuation``: when this step's spine is the next tokens of an earlier spine still being checked
     (K of its tokens committed, all right), the tree is shaped with that route's p_{K+1}, p_{K+2}, ...;
     a chain that departs from it, or an exhausted check, is a fresh chain (p_1, p_2, ...)."""
-    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.policies.fit import FitOptions, FitPolicy, Route
 
     pol = FitPolicy(FitOptions(latency=FLAT))
-    c = pol.route_counts["chain@pld"]
+    c = pol.route_counts[Route("chain", "pld")]
     for d, (t, h) in enumerate([(10, 3), (3, 3), (3, 3), (3, 3), (3, 3), (3, 3)], start=1):
         c.spine_trials[d], c.spine_hits[d] = t, h
     old = [11, 12, 13, 14, 15, 16, 17, 18]
-    pol._open = [["chain@pld", old, 2, 8], ["chain@pld", old[4:], 0, 4]]
-    assert pol._continues([13, 14, 15]) == ("chain@pld", 2)  # the check with the most committed wins
+    pol._open = [[Route("chain", "pld"), old, 2, 8], [Route("chain", "pld"), old[4:], 0, 4]]
+    assert pol._continues([13, 14, 15]) == (Route("chain", "pld"), 2)  # the check with the most committed wins
     assert pol._continues([13, 99]) is None  # departs from the earlier spine: a fresh chain
-    assert pol._continues([15, 16, 17, 18]) == ("chain@pld", 0)  # only the second check's next tokens
-    base = pol._model("chain@pld")
-    fresh = pol._model("spine@pld")  # this step's own route: its branches, a fresh chain's spine
-    shifted = pol._shifted(fresh, "chain@pld", 2)
+    assert pol._continues([15, 16, 17, 18]) == (Route("chain", "pld"), 0)  # only the second check's next tokens
+    base = pol._model(Route("chain", "pld"))
+    fresh = pol._model(Route("spine", "pld"))  # this step's own route: its branches, a fresh chain's spine
+    shifted = pol._shifted(fresh, Route("chain", "pld"), 2)
     assert shifted.p(1) == pytest.approx(base.p(3)) and shifted.p(4) == pytest.approx(base.p(6))
     assert shifted.p(1) > base.p(1) + 0.3  # p_1 was earned at 3/10, depth 3 at 3/3
     assert shifted.per_origin == fresh.per_origin and shifted.branch == fresh.branch
-    pol._open = [["chain@pld", old, 8, 8]]  # nothing left to check
+    pol._open = [[Route("chain", "pld"), old, 8, 8]]  # nothing left to check
     assert pol._continues([19]) is None
 
 
@@ -613,7 +612,7 @@ def test_continuation_makes_an_always_right_chain_cheaper_and_changes_no_token()
 
 def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
     from goose.interfaces import Verified
-    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.policies.fit import FitOptions, FitPolicy, Route
     from goose.tree import DraftTree
 
     import torch
@@ -628,18 +627,18 @@ def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
                         tree, path, tuple(tree.tokens[i] for i in path[1:]), bonus)
 
     for bonus, hits in ((3, 1), (7, 1)):  # the cut spine token 3 is right, then wrong
-        pol._shadow = ("chain", (1, 2, 3, 4))
+        pol._shadow = (Route("chain"), (1, 2, 3, 4))
         pol.observe(verified(kept, (0, 1, 2), bonus))
-        c = pol.route_counts["chain"]
+        c = pol.route_counts[Route("chain")]
         assert c.spine_hits[3] == hits
     assert c.spine_trials[3] == 2
     # a walk that broke inside the kept spine says nothing about depth 3
-    pol._shadow = ("chain", (1, 2, 3, 4))
+    pol._shadow = (Route("chain"), (1, 2, 3, 4))
     pol.observe(verified(kept, (0, 1), 5))
     assert c.spine_trials[3] == 2
     # a plain step (nothing kept): depth 1, against the bonus
     t1, h1 = c.spine_trials[1], c.spine_hits[1]
-    pol._shadow = ("chain", (1, 2, 3, 4))
+    pol._shadow = (Route("chain"), (1, 2, 3, 4))
     pol.observe(verified(DraftTree.single(9), (0,), 1))
     assert (c.spine_trials[1], c.spine_hits[1]) == (t1 + 1, h1 + 1)
 
@@ -648,27 +647,27 @@ def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
     """The bypass chain of a source that has earned depth on the spine route starts from those rates,
     not from the prior; another source's routes, the non-bypass routes, and pool_routes=False start
     from the prior."""
-    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.policies.fit import FitOptions, FitPolicy, Route
 
     def model(pool, route):
         pol = FitPolicy(FitOptions(latency=FLAT, pool_routes=pool))
-        c = pol.route_counts["spine@pld"]
+        c = pol.route_counts[Route("spine", "pld")]
         for d in range(1, 21):  # pld right 10 times out of 10 at every depth to 20
             c.spine_trials[d] += 10
             c.spine_hits[d] += 10
         return pol._model(route).spine
 
-    earned, fresh = model(True, "bypass@pld"), model(False, "bypass@pld")
+    earned, fresh = model(True, Route("bypass", "pld")), model(False, Route("bypass", "pld"))
     assert fresh[0] == pytest.approx(0.1) and fresh[19] == pytest.approx(0.1)  # the prior, every depth
     assert earned[0] > 0.8 and earned[19] > 0.8  # what pld earned on the spine route
-    assert model(True, "bypass@suffix")[0] == pytest.approx(0.1)  # another source earned nothing
-    assert model(True, "spine")[0] == pytest.approx(0.1)  # a route without a lead source
+    assert model(True, Route("bypass", "suffix"))[0] == pytest.approx(0.1)  # another source earned nothing
+    assert model(True, Route("spine"))[0] == pytest.approx(0.1)  # a route without a lead source
     # only the bypass route borrows: the spine and chain routes (TR's branches compete, or not) stay apart
-    assert model(True, "chain@pld")[0] == pytest.approx(0.1)
+    assert model(True, Route("chain", "pld"))[0] == pytest.approx(0.1)
     pol = FitPolicy(FitOptions(latency=FLAT))
-    pol.route_counts["bypass@pld"].spine_trials[1] += 10
-    pol.route_counts["bypass@pld"].spine_hits[1] += 10
-    assert pol._model("spine@pld").spine[0] == pytest.approx(0.1)
+    pol.route_counts[Route("bypass", "pld")].spine_trials[1] += 10
+    pol.route_counts[Route("bypass", "pld")].spine_hits[1] += 10
+    assert pol._model(Route("spine", "pld")).spine[0] == pytest.approx(0.1)
 
 
 # -- where a context match's trust starts: pld's confidence tiers (source_priors) -------------------
@@ -691,38 +690,8 @@ def test_smoothed_rates_start_a_tier_at_its_calibrated_rates():
     assert m.p(1) == pytest.approx(0.8 / 12) and m.p(2) == pytest.approx(0.85)  # a miss at depth 1 says nothing deeper
 
 
-def test_a_tiers_floor_rises_with_depth_by_spine_decay():
-    """``start=(a, b, beta)``: the floor of p_d has miss rate (1 - b) (2 / d)^beta; beta 0 is the flat floor b,
-    and an earned rate above the floor still wins. ``FitOptions.spine_decay`` reaches the tiers' models."""
-    from goose.policies.fit import FitOptions, FitPolicy
-    from goose.theory.calibrate import Counts, smoothed, start_floor
-
-    assert start_floor((0.4, 0.9), 8) == pytest.approx(0.9) == start_floor((0.4, 0.9, 0.0), 8)
-    assert start_floor((0.4, 0.9, 1.0), 2) == pytest.approx(0.9)
-    assert start_floor((0.4, 0.9, 1.0), 8) == pytest.approx(1 - 0.1 * 2 / 8)
-    assert start_floor((0.4, 0.9, 0.5), 32) == pytest.approx(1 - 0.1 * (2 / 32) ** 0.5)
-    m = smoothed(Counts(), prior=0.1, weight=2.0, pool_from=32, ranks=4, start=(0.4, 0.9, 0.5))
-    rates = [m.p(d) for d in range(1, 33)]
-    assert rates[0] == pytest.approx(0.4) and rates[1] == pytest.approx(0.9)
-    assert all(b > a for a, b in zip(rates[1:], rates[2:]))  # rising with depth, never flat
-    assert rates[31] == pytest.approx(1 - 0.1 * (2 / 32) ** 0.5)
-    # a miss observed at depth 4 pulls that depth below the floor; deeper ones keep the floor
-    c = Counts()
-    c.spine_trials.update({1: 4, 2: 4, 3: 4, 4: 4})
-    c.spine_hits.update({1: 4, 2: 4, 3: 4, 4: 0})
-    m = smoothed(c, prior=0.1, weight=2.0, pool_from=32, ranks=4, start=(0.4, 0.9, 0.5))
-    assert m.p(4) < 0.5 and m.p(5) == pytest.approx(start_floor((0.4, 0.9, 0.5), 5))
-    flat = FitPolicy(FitOptions(latency=FLAT, spine_decay=0.0))._model("spine@pld^1").spine
-    rising = FitPolicy(FitOptions(latency=FLAT, spine_decay=0.5))._model("spine@pld^1").spine
-    assert flat[0] == rising[0] == pytest.approx(0.7)
-    assert flat[20] == pytest.approx(0.9) and rising[20] == pytest.approx(start_floor((0.7, 0.9, 0.5), 21))
-    assert FitPolicy(FitOptions(latency=FLAT, spine_decay=0.5))._model("spine@pld").spine[20] == pytest.approx(0.1)
-    with pytest.raises(Exception, match="spine_decay"):
-        FitOptions(spine_decay=-1)
-
-
 def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
-    from goose.policies.fit import FitOptions, FitPolicy, _per_source
+    from goose.policies.fit import FitOptions, FitPolicy, Route, _per_source
     from goose.tree import DraftTree
 
     def tree(conf, source="pld", route="spine"):
@@ -730,46 +699,111 @@ def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
                                ((), (source,), (source,), (source,)), confidence=conf)
 
     tiers = FitOptions().source_priors
-    assert _per_source(tree(1.0), tiers)[0] == "spine@pld^1"
-    assert _per_source(tree(0.82), tiers)[0] == "spine@pld^0.7"
-    assert _per_source(tree(0.3), tiers)[0] == "spine@pld"  # below every tier: the source's plain route
-    assert _per_source(tree(1.0, "suffix"), tiers)[0] == "spine@suffix"  # no tiers for that source
-    assert _per_source(tree(1.0), {})[0] == "spine@pld"  # tiers off: the routes as before
-    assert _per_source(tree(1.0, route="bypass"), tiers)[0] == "bypass@pld^1"
+    assert _per_source(tree(1.0), tiers)[0] == Route("spine", "pld", 1.0)
+    assert _per_source(tree(0.82), tiers)[0] == Route("spine", "pld", 0.7)
+    assert _per_source(tree(0.3), tiers)[0] == Route("spine", "pld")  # below every tier: the source's plain route
+    assert _per_source(tree(1.0, "suffix"), tiers)[0] == Route("spine", "suffix")  # no tiers for that source
+    assert _per_source(tree(1.0), {})[0] == Route("spine", "pld")  # tiers off: one route per source
+    assert _per_source(tree(1.0, route="bypass"), tiers)[0] == Route("bypass", "pld", 1.0)
+    # str() writes a route as kind@lead^tier
+    written = [str(_per_source(tree(c), tiers)[0]) for c in (1.0, 0.82, 0.3)]
+    assert written == ["spine@pld^1", "spine@pld^0.7", "spine@pld"]
+    assert str(Route("spine")) == "spine"
     pol = FitPolicy(FitOptions(latency=FLAT, source_priors={"pld": [(0.7, 0.3, 0.9), (1.0, 0.6, 0.95)]}))
     assert pol.options.source_priors["pld"][0][0] == 1.0  # the highest tier a confidence reaches wins
-    assert pol._model("spine@pld^1").spine[:3] == pytest.approx((0.6, 0.95, 0.95))
-    assert pol._model("spine@pld^0.7").spine[:2] == pytest.approx((0.3, 0.9))
-    assert pol._model("spine@pld").spine[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
+    assert pol._model(Route("spine", "pld", 1.0)).spine[:3] == pytest.approx((0.6, 0.95, 0.95))
+    assert pol._model(Route("spine", "pld", 0.7)).spine[:2] == pytest.approx((0.3, 0.9))
+    assert pol._model(Route("spine", "pld")).spine[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
     # a tier's bypass route borrows depth 1 only from the same tier of its source
-    c = pol.route_counts["spine@pld^0.7"]
+    c = pol.route_counts[Route("spine", "pld", 0.7)]
     c.spine_trials[1] += 20
-    pol._stale("spine@pld^0.7")
-    assert pol._model("bypass@pld^1").spine[0] == pytest.approx(0.6)
-    assert pol._model("bypass@pld^0.7").spine[0] < 0.1
+    pol._stale(Route("spine", "pld", 0.7))
+    assert pol._model(Route("bypass", "pld", 1.0)).spine[0] == pytest.approx(0.6)
+    assert pol._model(Route("bypass", "pld", 0.7)).spine[0] < 0.1
 
 
 def test_a_bypass_route_borrows_its_deeper_depths_from_every_tier_of_its_source():
     """Depth 1 is where a tier's chains start (its own tier's counts, else its calibrated p_1); the rate of
     depth d given d - 1 is the source's (every tier pooled), so a consensus match that carries on a loop the
     long matches have held through starts with that depth. pool_tiers=False: its own tier only."""
-    from goose.policies.fit import FitOptions, FitPolicy
+    from goose.policies.fit import FitOptions, FitPolicy, Route
 
-    def rates(pool_tiers, other="spine@pld^0.7"):
+    def rates(pool_tiers, other=Route("spine", "pld", 0.7)):
         pol = FitPolicy(FitOptions(latency=FLAT, pool_tiers=pool_tiers))
-        pol._model("bypass@pld^1")  # cached before the counts change: _stale must drop it
+        pol._model(Route("bypass", "pld", 1.0))  # cached before the counts change: _stale must drop it
         c = pol.route_counts[other]
         for d in range(1, 41):  # the tier-0.7 chains missed depth 1 half the time, then held to 40
             c.spine_trials[d] += 20
             c.spine_hits[d] += 10 if d == 1 else 20
         pol._stale(other)
-        return pol._model("bypass@pld^1").spine
+        return pol._model(Route("bypass", "pld", 1.0)).spine
 
     pooled, apart = rates(True), rates(False)
     assert pooled[0] == pytest.approx(0.7) == apart[0]  # depth 1: tier 1.0's calibrated start, not 0.5
     assert pooled[1] > 0.99 and pooled[31] > 0.99  # the depth tier 0.7 earned
     assert apart[1] == pytest.approx(0.9) and apart[31] == pytest.approx(0.9)  # the calibrated floor only
-    assert rates(True, other="spine@suffix")[1] == pytest.approx(0.9)  # another source's depth is not pld's
+    assert rates(True, other=Route("spine", "suffix"))[1] == pytest.approx(0.9)  # another source's depth is not pld's
+
+
+class _Named(goose.DraftSource):
+    """A chain source of any name: the toy's next 6 tokens (``right``) or the same with the first one wrong,
+    at confidence 1.0, proposed only at context lengths of one parity, so each step has one chain source."""
+
+    def __init__(self, name, right, parity):
+        super().__init__()
+        self.name, self.right, self.parity = name, right, parity
+
+    def propose(self, state):
+        if len(state.tokens) % 2 != self.parity:
+            return None
+        toks = reference_greedy(list(state.tokens), 6, 16)
+        if not self.right:
+            toks[0] = (toks[0] + 1) % 16
+        return goose.Proposal.chain(self.name, toks, confidence=1.0)
+
+
+@pytest.mark.parametrize("name, other, priors", [
+    ("pld^1", "pld", None),  # the default tiers: pld's tier-1.0 route is written spine@pld^1 as well
+    ("my@src^1", "my@src", {"my@src": [(1.0, 0.7, 0.9)]}),  # written alike too
+    ("my@src^2", "my@src", {"my@src": [(1.0, 0.7, 0.9)]}),  # written apart, but read as my@src's
+])
+def test_a_source_whose_name_looks_like_a_route_keeps_its_own_rates(name, other, priors):
+    """Rates are keyed by Route (kind, lead source, tier), not by the string it is written as: a source
+    named ``name`` (no tiers of its own), whose routes are written ``spine@<name>``, is learned apart
+    from ``other``'s tier-1.0 chains, and rates booked on either one's routes stay out of the other's
+    bypass route; the output is greedy's."""
+    from goose.policies.fit import FitOptions, FitPolicy, Route
+
+    opts = {"latency": FLAT, **({} if priors is None else {"source_priors": priors})}
+    dec = goose.compose(ToyCausalLM(16), None, sources=[_Named(name, True, 0), _Named(other, False, 1), "tr"],
+                        policy="spine-fit", policy_options=opts, budget=24)
+    prompt = [3, 1, 4, 1, 5]
+    out = dec.generate(prompt, max_new_tokens=60)
+    assert out.token_ids == reference_greedy(prompt, 60, 16)
+    depth1: dict = {}  # (lead, tier) -> (trials, hits) at depth 1, over every route kind
+    for r, c in dec.policy.route_counts.items():
+        t, h = depth1.get((r.lead, r.tier), (0, 0))
+        depth1[(r.lead, r.tier)] = (t + c.spine_trials.get(1, 0), h + c.spine_hits.get(1, 0))
+    assert {lead for lead, _ in depth1} <= {None, name, other}
+    t, h = depth1[(name, None)]
+    assert t > 0 and h == t, depth1  # always right, on its own untiered routes
+    t, h = depth1[(other, 1.0)]
+    assert t > 0 and h == 0, depth1  # always wrong at depth 1, on its tier-1.0 routes
+
+    def bypasses(booked):
+        """Both sources' bypass rates after 20 right chains, 20 deep, on the route ``booked``."""
+        pol = FitPolicy(FitOptions(**opts))
+        c = pol.route_counts[booked]
+        for d in range(1, 21):
+            c.spine_trials[d] += 20
+            c.spine_hits[d] += 20
+        pol._stale(booked)
+        return pol._model(Route("bypass", other, 1.0)).spine, pol._model(Route("bypass", name)).spine
+
+    fresh_other, fresh_name = bypasses(Route("spine", "elsewhere"))
+    assert bypasses(Route("spine", name))[0] == fresh_other
+    assert bypasses(Route("spine", other, 1.0))[1] == fresh_name
+    assert bypasses(Route("chain", other))[0][1] > fresh_other[1]  # a route of the same source: borrowed
 
 
 @pytest.mark.parametrize("tiers", [

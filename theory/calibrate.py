@@ -254,7 +254,7 @@ def count(records: Iterable[Record], spine_origin: str = SPINE) -> Counts:
 
 def smoothed(
     c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = SPINE,
-    toward: Sequence[float] | None = None, start: tuple[float, ...] | None = None,
+    toward: Sequence[float] | None = None, start: tuple[float, float] | None = None,
 ) -> AcceptanceModel:
     """The online form of :func:`estimate`, for a model that must exist from the first step.
 
@@ -272,9 +272,7 @@ def smoothed(
     chain (``FitOptions.source_priors``): ``p_1`` is shrunk toward ``a`` instead of ``prior``, and
     ``p_d`` toward the larger of ``b`` and the estimate of ``p_{d-1}`` (a chain of that kind that
     held to depth d - 1 holds on at least at rate ``b``, and at the shallower rate where that is
-    earned higher). ``start`` = (a, b, beta): the floor rises with depth, its miss rate
-    ``(1 - b) (2 / d)^beta`` (a copy that has held to depth d is likelier to hold on the deeper it
-    is: measured on the tune split, docs/results.md); beta 0 is the flat floor ``b``.
+    earned higher).
     """
     spine = []
     for d in range(1, pool_from + 1):
@@ -286,7 +284,7 @@ def smoothed(
         if toward:
             target = toward[min(d, len(toward)) - 1]
         elif start is not None:
-            target = max(start_floor(start, d), spine[-1]) if spine else start[0]
+            target = max(start[1], spine[-1]) if spine else start[0]
         else:
             target = spine[-1] if spine else prior
         spine.append((h + target * weight) / (t + weight))
@@ -301,13 +299,6 @@ def smoothed(
 
     per_origin = {o: vector(c.rank_trials[o], c.rank_hits[o]) for o in c.rank_trials}
     return AcceptanceModel(tuple(spine), tuple(float(x) for x in base), per_origin, spine_origin)
-
-
-def start_floor(start: Sequence[float], d: int) -> float:
-    """The calibrated floor of ``p_d`` (d >= 2) for ``start`` = (a, b) or (a, b, beta): ``1 - (1 - b) (2 / d)^beta``."""
-    b = start[1]
-    beta = start[2] if len(start) > 2 else 0.0
-    return 1.0 - (1.0 - b) * (2.0 / max(d, 2)) ** beta
 
 
 def _rank_vector(trials: dict[int, int], hits: dict[int, int]) -> tuple[float, ...]:
