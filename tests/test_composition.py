@@ -54,21 +54,38 @@ def _spines(policy):
 
 @pytest.mark.parametrize("policy,extra", [("spine", {}), ("spine-fit", FLAT), ("iso3", {})])
 def test_spine_source_set_once_reaches_every_level(policy, extra):
+    # other and echo draft the same chains at the same confidence and are measured alike, so unforced,
+    # rank() breaks the tie by name and echo leads: only spine_source="other" can put other's chain first
     other, echo = Other(), Echo()
+    trees = []
+
+    class TreeRecorder:
+        @goose.hookimpl
+        def goose_on_step(self, decoder, step):
+            trees.append(step.tree)
+
+    goose.register_plugin(TreeRecorder(), name="tree-recorder")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionWarning)
         dec = goose.compose(ToyCausalLM(V, max_positions=128), None, sources=[other, echo, "tr"], policy=policy,
-                            policy_options={"spine_source": "echo", **extra})
+                            policy_options={"spine_source": "other", **extra})
     spines = _spines(dec.policy)
-    assert spines and all(s == "echo" for _, s in spines), spines
+    assert spines and all(s == "other" for _, s in spines), spines
     prompt = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3]
     out = dec.generate(prompt, max_new_tokens=24)
     assert out.token_ids == reference_greedy(prompt, 24, V)
-    assert echo.calls > 0
-    # every level put echo's chain on the spine; other's chain is merged in beside it, not dropped
-    pol = out.stats.extra.get("policy", {})
-    if "spine_leaders" in pol:
-        assert set(pol["spine_leaders"]) == {"echo"}, pol["spine_leaders"]
+    assert other.calls > 0 and echo.calls > 0
+    # every level put other's chain on the spine: each spine node of every verified tree is credited to other
+    # first (the leader vouches first); echo's chain is merged in beside it (it vouches too), not dropped
+    spine_nodes = [t.credited(i) for t in trees for i in range(1, t.num_nodes) if t.origins[i] == "spine"]
+    assert spine_nodes, f"{policy}: no spine node drafted"
+    assert all(c[0] == "other" for c in spine_nodes), (policy, spine_nodes)
+    assert any("echo" in c for c in spine_nodes) and out.stats.per_source["echo"]["drafted"] > 0, out.stats.per_source
+    # the spine policies also count each cycle's leader; iso3 (IsotropicPolicy) reports no spine_leaders (its
+    # stats() gives source_rates only), which is why this was skipped for it: the trees above are its check
+    if policy != "iso3":
+        leaders = out.stats.extra["policy"]["spine_leaders"]
+        assert set(leaders) == {"other"}, leaders
 
 
 def test_spine_source_set_twice_differently_is_an_error():

@@ -8,37 +8,12 @@ and the model accepts it; the output stays identical to greedy decoding.
 import pytest
 
 import goose
-from goose.testing import ToyCausalLM, reference_greedy
+from goose.testing import RecallSource, ToyCausalLM, reference_greedy
 
 V = 16
 
 
-class Recall(goose.DraftSource):
-    """Drafts what followed the anchor in earlier generations' committed text (prompt + answer)."""
-
-    name = "recall"
-
-    def __init__(self, options=None):
-        super().__init__(options)
-        self.history: list[list[int]] = []
-        self.ends: list = []
-
-    def begin(self, request):
-        self.prompt = list(request.prompt_ids)
-
-    def propose(self, state):
-        tail = list(state.tokens[-3:])
-        for seq in reversed(self.history):
-            for i in range(len(seq) - 3):
-                if seq[i:i + 3] == tail:
-                    more = seq[i + 3:i + 3 + 12]
-                    if more:
-                        return goose.Proposal.chain(self.name, more, confidence=0.9)
-        return None
-
-    def end(self, output):
-        self.ends.append(output)
-        self.history.append([*output.prompt_ids, *output.token_ids])
+Recall = RecallSource  # goose.testing's example source (drafts what followed the last 3 tokens earlier)
 
 
 class Counting(goose.TreePolicy):

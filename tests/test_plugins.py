@@ -300,24 +300,132 @@ class TestExamplePluginProject(SourceLosslessnessKit):
 
 
 def test_every_hook_is_tested_and_documented():
-    specs = [n for n in dir(goose.hookspecs) if n.startswith("goose_")]
+    """An observer implementing every hook in goose.hookspecs sees each one called, with the arguments its
+    spec documents; and docs/hooks.md shows every hook's exact signature."""
+    specs = sorted(n for n in dir(goose.hookspecs) if n.startswith("goose_"))
     assert len(specs) == 6
-    tests_text = "".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    calls = {name: [] for name in specs}
+    base = goose.get_registry()
+    probes = {
+        "goose_register_sources": ("source", base.get("source", "pld").cls),
+        "goose_register_policies": ("policy", base.get("policy", "spine").cls),
+        "goose_register_verifiers": ("verifier", base.get("verifier", "greedy").cls),
+    }
+
+    def registration(hookname):
+        kind, cls = probes[hookname]
+
+        def impl(register):
+            calls[hookname].append(register)
+            register(cls, name=f"hook-probe-{kind}", description="registered by the hook probe")
+
+        impl.__name__ = hookname
+        return impl
+
+    def on_generation_start(decoder, request):
+        calls["goose_on_generation_start"].append((decoder, request))
+
+    def on_step(decoder, step):
+        calls["goose_on_step"].append((decoder, step))
+
+    def on_generation_end(decoder, output):
+        calls["goose_on_generation_end"].append((decoder, output))
+
+    probe = _plugin(
+        goose_on_generation_start=on_generation_start,
+        goose_on_step=on_step,
+        goose_on_generation_end=on_generation_end,
+        **{h: registration(h) for h in probes},
+    )
+    assert sorted(n for n in vars(probe) if n.startswith("goose_")) == specs, "the probe must implement every hook"
+    goose.register_plugin(probe, name="hook-probe")
+
+    # registration hooks: called once when the registry is built, with a working `register`
+    reg = goose.get_registry()
+    for hookname, (kind, cls) in probes.items():
+        assert len(calls[hookname]) == 1, f"{hookname} called {len(calls[hookname])} times building the registry"
+        assert callable(calls[hookname][0]), f"{hookname} was not given a register callable"
+        e = reg.get(kind, f"hook-probe-{kind}")
+        assert e.cls is cls and e.provider == "hook-probe", f"{hookname}: what the probe registered is not in the registry"
+
+    # observer hooks: once per generation (start, end) and once per verification step
+    model = ToyCausalLM()
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine")
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    out = dec.generate(prompt, max_new_tokens=24)
+    assert len(out.token_ids) == 24
+
+    starts = calls["goose_on_generation_start"]
+    assert len(starts) == 1, f"goose_on_generation_start called {len(starts)} times for one generate"
+    d, request = starts[0]
+    assert d is dec and isinstance(request, goose.Request), "goose_on_generation_start(decoder, request) got wrong arguments"
+    assert request.prompt_ids == tuple(prompt) and request.max_new_tokens == 24
+    assert request.vocab_size == model.vocab_size and request.budget == dec.budget
+
+    steps = calls["goose_on_step"]
+    assert len(steps) == out.stats.steps > 0, f"goose_on_step called {len(steps)} times for {out.stats.steps} steps"
+    assert all(d is dec for d, _ in steps)
+    assert [s.step for _, s in steps] == list(range(out.stats.steps))
+    committed = []
+    for _, s in steps:
+        assert isinstance(s, goose.StepRecord) and isinstance(s.tree, goose.DraftTree)
+        assert isinstance(s.verified, goose.Verified) and s.verified.kind == "tree" and s.verified.tree is s.tree
+        # the anchor is the last committed token; the step commits the accepted path plus the bonus
+        assert s.tree.tokens[0] == (prompt + out.token_ids)[len(prompt) + len(committed)]
+        assert s.committed == (*s.verified.accepted, s.verified.bonus)[: len(s.committed)] and s.committed
+        assert s.draft_s >= 0 and s.verify_s >= 0
+        committed.extend(s.committed)
+    # the first token comes from the prefill; every later one is reported by exactly one step
+    assert out.token_ids[1:] == committed, "goose_on_step's committed tokens are not what was generated"
+    assert sum(len(s.verified.accepted) for _, s in steps) > 0, "no drafted token was accepted: a weak probe"
+
+    ends = calls["goose_on_generation_end"]
+    assert len(ends) == 1, f"goose_on_generation_end called {len(ends)} times for one generate"
+    assert ends[0][0] is dec and ends[0][1] is out, "goose_on_generation_end(decoder, output) got wrong arguments"
+
     docs = (ROOT / "docs" / "hooks.md").read_text()
     for name in specs:
-        assert name in tests_text, f"no test uses hook {name}"
+        assert calls[name], f"hook {name} was never called"
         sig = f"{name}{inspect.signature(getattr(goose.hookspecs, name))}".replace("'", "")
         assert sig in docs, f"docs/hooks.md must show the exact signature: {sig}"
 
 
 def test_options_docs_are_up_to_date(monkeypatch):
-    """docs/options.md is `goose plugins --options` for the built-ins: every option is documented."""
+    """docs/options.md is `goose plugins --options` for the built-ins, and says what a reader needs: every
+    registered built-in component, every one of its options with its real default (the preset's value, the
+    value a default_factory makes, or "required"), and never pydantic's `PydanticUndefined` sentinel."""
     from goose.tools.cli import options_markdown
 
     monkeypatch.setenv("GOOSE_DISABLE_PLUGIN_AUTOLOAD", "1")
     goose.manager.reset()
-    want = options_markdown()
     have = (ROOT / "docs" / "options.md").read_text()
+    assert "PydanticUndefined" not in have, "docs/options.md prints pydantic's sentinel instead of a default"
+    # Each component's section, per kind ("## Tree policies", ...; `greedy` is a policy and a verifier):
+    # from its "### `name`" heading to the next heading.
+    parts = dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", have, flags=re.M | re.S))
+    reg = goose.manager.get_registry()
+    for kind, title in (("source", "Draft sources"), ("policy", "Tree policies"), ("verifier", "Verifiers")):
+        assert title in parts, f"docs/options.md has no '## {title}' part"
+        sections = dict(re.findall(r"^### `([^`]+)`\n(.*?)(?=^### |\Z)", parts[title], flags=re.M | re.S))
+        for name in reg.names(kind):
+            e = reg.entries[kind][name]
+            assert name in sections, f"docs/options.md has no section for the {kind} {name!r}"
+            text = sections[name]
+            if e.alias_of:
+                assert f"Alias of `{e.alias_of}`." in text, f"{name!r}: alias of {e.alias_of!r} not stated"
+                continue
+            for field, info in e.cls.Options.model_fields.items():
+                if field in e.defaults:
+                    cell = f"`{e.defaults[field]!r}`"
+                elif info.is_required():
+                    cell = "required"
+                elif info.default_factory is not None:
+                    cell = f"`{info.default_factory()!r}`"
+                else:
+                    cell = f"`{info.default!r}`"
+                row = f"| `{field}` | {cell.replace('|', chr(92) + '|')}"
+                assert row in text, f"{kind} {name!r}, option {field!r}: docs/options.md lacks the row {row} ...|"
+    want = options_markdown()
     assert have.strip() == want.strip(), "regenerate: GOOSE_DISABLE_PLUGIN_AUTOLOAD=1 goose plugins --options > docs/options.md"
 
 

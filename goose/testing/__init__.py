@@ -7,11 +7,13 @@
   the oracle the property tests compare against.
 - :class:`ArbitraryTreeSource`: a draft source that emits arbitrary trees drawn by Hypothesis,
   mixing correct (oracle) tokens and wrong ones.
+- :class:`RecallSource`: an example source that learns across requests through ``end`` (docs/plugins.md).
 - :class:`SourceLosslessnessKit`: subclass it in your plugin's tests to check that your draft
   source keeps output identical to greedy decoding.
 """
 
 from goose.testing.toy import ToyCausalLM, ToySplitLM, reference_greedy, reference_logits, reference_next, reference_sample
+from goose.testing.examples import RecallOptions, RecallSource
 from goose.testing.kit import ArbitraryTreeSource, SourceLosslessnessKit, trees
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "reference_logits",
     "reference_next",
     "ArbitraryTreeSource",
+    "RecallSource",
+    "RecallOptions",
     "SourceLosslessnessKit",
     "trees",
 ]

@@ -151,8 +151,11 @@ class SourceLosslessnessKit:
       once (a successor source: answers ``successors`` at least once; unless :attr:`require_drafts`
       is False), each proposal passes the boundary checks of
       ``goose.interfaces.check_proposal`` (ids in the vocabulary, parents, no duplicate siblings,
-      finite confidence in [0, 1], credited to the source), the policy verified drafted tokens,
-      and ``state.tokens`` was the same sequence after every ``propose`` as before it;
+      finite confidence in [0, 1], credited to the source), ``state.tokens`` was the same sequence
+      after every ``propose`` as before it, the verified trees hold nodes credited to the source
+      (unless :attr:`require_drafts` is False), every such node is one it drafted at that step (a
+      path of its proposal, or a successor it gave for the node's parent), and
+      ``stats.per_source[<its name>]["drafted"]`` counts exactly those nodes;
     - ``test_generations_on_one_decoder``: several generations in a row on one decoder (the same
       source instance, so state kept across requests, e.g. a history filled in ``end``, is used),
       each equal to greedy decoding, ``end`` called once per generation;
@@ -222,12 +225,32 @@ class SourceLosslessnessKit:
         dec = self._decoder(12, spy=True)
         out = self._run(list(range(self.vocab_size)) * 3, 30, 12, None, dec)
         seen = dec._kit_spy
+        # a backstop: the loop itself refuses these (a DraftSourceError) before they get here
         assert not seen["mutated"], f"state.tokens changed during propose(): {seen['mutated'][:3]}"
         assert not seen["invalid"], f"invalid proposals: {seen['invalid'][:3]}"
+        # what the loop does not check: every verified node credited to the source is one the source drafted at
+        # that step (a path of its proposal under that anchor, or a successor it gave for that node's parent)
+        name, credited, foreign = seen["name"], 0, []
+        for step, tree in enumerate(seen["trees"].get(0, ())):
+            paths = seen["paths"].get((0, step), {})
+            for i in range(1, tree.num_nodes):
+                if name not in tree.credited(i):
+                    continue
+                credited += 1
+                path, j = [], i
+                while j > 0:
+                    path.append(tree.tokens[j])
+                    j = tree.parents[j]
+                par = tree.parents[i]
+                if tuple(reversed(path)) not in paths.get(tree.tokens[0], ()) and \
+                        tree.tokens[i] not in seen["successors"].get((0, step, tree.tokens[par]), ()):
+                    foreign.append((step, tree.label(i), tuple(reversed(path))))
+        assert not foreign, f"nodes credited to {name!r} that it never drafted (step, node, path): {foreign[:3]}"
+        got = out.stats.per_source.get(name, {}).get("drafted", 0)
+        assert got == credited, f"stats.per_source[{name!r}] counts {got} drafted tokens; the verified trees credit it {credited}"
         if self.require_drafts:
             assert seen["proposals"] > 0, "the source never proposed on a repetitive prompt (set require_drafts = False if that is intended)"
-            drafted = sum(v["drafted"] for v in out.stats.per_source.values())
-            assert drafted > 0, "the policy verified none of the source's drafts"
+            assert credited > 0, f"the source proposed {seen['proposals']} times but no verified tree holds a node credited to {name!r}"
 
     def test_generations_on_one_decoder(self):
         from hypothesis import given, settings
@@ -270,14 +293,17 @@ class SourceLosslessnessKit:
 
 def _spy(dec, vocab_size: int) -> None:
     """Record, on ``dec._kit_spy``, every proposal of the decoder's first source as it leaves it
-    (checked), whether ``state.tokens`` changed during propose, and the ``end`` calls."""
+    (checked), whether ``state.tokens`` changed during propose, the ``end`` calls, and, per generation
+    (the number of ``end`` calls before it) and step, the root-to-node token paths of its proposals by
+    anchor (``paths``), the successors it gave by parent token (``successors``) and the verified trees."""
     from goose.errors import DraftSourceError
     from goose.interfaces import check_proposal
 
-    seen = {"proposals": 0, "invalid": [], "mutated": [], "ends": 0}
-    dec._kit_spy = seen
     src = dec._idle[0].sources[0]
-    propose, end = src.propose, src.end
+    seen = {"name": src.name, "proposals": 0, "invalid": [], "mutated": [], "ends": 0,
+            "paths": {}, "successors": {}, "trees": {}}
+    dec._kit_spy = seen
+    propose, end, observe = src.propose, src.end, src.observe
 
     def spied_propose(state):
         before = list(state.tokens)
@@ -290,13 +316,24 @@ def _spy(dec, vocab_size: int) -> None:
                 check_proposal(src.name, prop, vocab_size)
             except DraftSourceError as exc:
                 seen["invalid"].append(str(exc))
+            else:
+                paths: list[tuple[int, ...]] = []
+                for t, p in zip(prop.tokens, prop.parents):
+                    paths.append((*(paths[p] if p >= 0 else ()), int(t)))
+                mine = seen["paths"].setdefault((seen["ends"], state.step), {})
+                mine.setdefault(state.anchor, set()).update(paths)
         return prop
+
+    def spied_observe(verified):
+        if verified.kind == "tree" and verified.tree is not None:
+            seen["trees"].setdefault(seen["ends"], []).append(verified.tree)
+        return observe(verified)
 
     def spied_end(output):
         seen["ends"] += 1
         return end(output)
 
-    src.propose, src.end = spied_propose, spied_end
+    src.propose, src.end, src.observe = spied_propose, spied_end, spied_observe
     if src.provides_successors:  # a successor source drafts through successors()
         successors = src.successors
 
@@ -304,6 +341,8 @@ def _spy(dec, vocab_size: int) -> None:
             ids, scores = successors(token, prev)
             if len(ids):
                 seen["proposals"] += 1
+                step = len(seen["trees"].get(seen["ends"], ()))  # drafting for the step after the trees verified so far
+                seen["successors"].setdefault((seen["ends"], step, int(token)), set()).update(int(t) for t in ids)
             return ids, scores
 
         src.successors = spied_successors
