@@ -1,6 +1,6 @@
 """Peak memory and prefill time of long prompts: Goose against transformers' generate.
 
-    python benchmarks/long_prompt.py --model smollm2 --lengths 1000,4000,8000 --data-dir ../shared/data --out long.json
+    python benchmarks/long_prompt.py --model smollm2 --lengths 1000,4000,8000 --data-dir DATA --out long.json
 
 Each (model, length, method) runs in a fresh process: load the model, warm up on a short prompt,
 reset the peak resident memory (/proc/self/clear_refs), then generate ``--new`` tokens from a

@@ -1,6 +1,6 @@
 """Goose's own ``generate`` against ``model.generate`` with only the arguments a user gives both.
 
-    python benchmarks/sampling_defaults.py --datasets measure@1 --data-dir ../shared/data
+    python benchmarks/sampling_defaults.py --datasets measure@1 --data-dir DATA
 
 For each prompt and seed: ``model.generate(do_sample=True, temperature=T, top_p=P)``, Goose's
 ``Decoder.generate`` with the same arguments, and ``custom_generate=goose.hf_generate``, each under

@@ -8,7 +8,7 @@ once (started together, each thread its share of the calls), for each T in ``--t
 are also compared with plain greedy decoding; with ``--sample`` every call samples (temperature 0.7, each call
 its own generator seeded by its index) and the threaded calls are compared with the sequential ones. Prints,
 per row, how many calls were identical and how many raised. Prompts: the demo set, and with a data folder
-(GOOSE_DATA or ../shared/data) the first of HumanEval, GSM8K, MT-Bench and Spec-Bench summarization.
+(GOOSE_DATA; never looked for otherwise, docs/bench.md) the first of HumanEval, GSM8K, MT-Bench and Spec-Bench summarization.
 """
 
 from __future__ import annotations

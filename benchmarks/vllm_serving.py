@@ -11,7 +11,7 @@ runs on the same prompts for reference. Each engine runs in a process of its own
 the other (a third engine started in one process fails in vLLM 0.32's CPU kernel registration);
 the engine core runs in that process.
 
-    python benchmarks/vllm_serving.py --data-dir ../shared/data --datasets humaneval@41-48,gsm8k@41-48 \
+    python benchmarks/vllm_serving.py --data-dir DATA --datasets humaneval@41-48,gsm8k@41-48 \
         --concurrency 1,4,16 --max-tokens 64
 """
 

