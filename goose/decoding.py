@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from goose.errors import DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, PluginError
+from goose.errors import DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, InvalidTreeError, PluginError
 from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TokenView, TreePolicy, Verified, Verifier
 from goose.tree import DraftTree
 
@@ -458,10 +458,10 @@ class Decoder:
         verifier = worker.verifier
         v = verifier.prefill(ids, keep=keep) if _takes_keep(verifier) else verifier.prefill(ids)
         tally.forwards = 1
-        # a verifier may defer the prefill's other logit rows (GreedyTreeVerifier.prefill_rows): the
-        # sources observe the prefill just before the first draft, with every row, or at the end with
-        # the last row only when the generation ends at its first token
-        deferred = v if getattr(verifier, "deferred_prefill", None) is not None else None
+        # a verifier may defer the prefill's other logit rows (Verified.rest): the sources observe the
+        # prefill just before the first draft, with every row, or at the end with the last row only when
+        # the generation ends at its first token
+        deferred = v if v.rest is not None else None
         if deferred is None:
             self._observe(worker, v, tally)
         seq = list(prompt_ids)
@@ -475,14 +475,13 @@ class Decoder:
             if deferred is not None:
                 # the deferred rows' LM head is prefill work, timed by the verifier as prefill_forward:
                 # only the sources' harvest counts as observe (or the profile counts it twice)
-                full = verifier.prefill_rows()
-                self._observe(worker, deferred if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk), tally)
+                full = deferred.rest()
+                self._observe(worker, replace(deferred, rest=None) if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk), tally)
                 deferred = None
             tree, draft_s = self._draft(worker, seq, view, len(prompt_ids), max_new_tokens - len(new), rule, tally)
             committed = self._verify(worker, tree, stops, max_new_tokens - len(new), draft_s, tally)
         if deferred is not None:  # ended at its first token: the last row is all the sources see
-            verifier.deferred_prefill = None
-            self._observe(worker, deferred, tally)
+            self._observe(worker, replace(deferred, rest=None), tally)
         return new, stopped_by
 
     def _commit(self, committed: tuple[int, ...], new: list[int], seq: list[int], stops, max_new_tokens: int,
@@ -564,7 +563,8 @@ class Decoder:
         t = tally
         stats = Stats(
             len(prompt_ids), len(new), t.forwards, t.steps,
-            {o: {"drafted": t.drafted[o], "accepted": t.accepted[o]} for o in sorted(t.drafted)},
+            # every composed source, with zeros where it drafted nothing ("was my source consulted?")
+            {o: {"drafted": t.drafted[o], "accepted": t.accepted[o]} for o in sorted({*t.drafted, *(s.name for s in sources)})},
             dict(t.routes), tuple(t.accept_lengths),
             {"draft": t.draft_s, "sources": t.sources_s, "verify": t.verify_s, "observe": t.observe_s,
              "total": time.perf_counter() - t_start},
@@ -576,39 +576,55 @@ class Decoder:
 
     def _end(self, worker: _Worker, out: GenerationOutput) -> None:
         """The lifecycle's last calls: each source's and the policy's ``end`` (what was committed, and how),
-        then the observers' ``goose_on_generation_end``."""
+        then the observers' ``goose_on_generation_end``. Every one runs even when one raises; the first error
+        is raised after them, naming its component."""
+        first: BaseException | None = None
         for s in worker.sources:
             try:
                 s.end(out)
             except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
-                raise DraftSourceError(s.name, f"end() raised {type(exc).__name__}: {exc}") from exc
+                err = DraftSourceError(s.name, f"end() raised {type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+                first = first or err
         policy = worker.policy
         try:
             policy.end(out)
-        except GooseError:
-            raise
+        except GooseError as exc:
+            first = first or exc
         except Exception as exc:  # noqa: BLE001
-            raise PluginError(f"Tree policy {policy.name!r} raised in end(): {type(exc).__name__}: {exc}") from exc
+            err = PluginError(f"Tree policy {policy.name!r} raised in end(): {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            first = first or err
         if self.hook is not None:
-            self.hook.goose_on_generation_end(decoder=self, output=out)
+            try:
+                self.hook.goose_on_generation_end(decoder=self, output=out)
+            except Exception as exc:  # noqa: BLE001 - an observer's error, raised after the components' ends
+                first = first or exc
+        if first is not None:
+            raise first
 
     # ---------------------------------------------------------------------------------------------
     def _shape(self, policy: TreePolicy, ctx: DraftContext, anchor: int, max_depth: int) -> DraftTree | None:
+        """The policy's tree for this step, checked (None: an ordinary step); every error names the policy."""
         try:
             tree = policy.shape(ctx)
+        except InvalidTreeError as exc:
+            raise InvalidTreeError(f"Tree policy {policy.name!r} built an invalid tree: {exc}") from exc
         except GooseError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise PluginError(
                 f"Tree policy {policy.name!r} raised in shape(): {type(exc).__name__}: {exc}"
             ) from exc
-        if tree is None or tree.num_nodes < 2:
+        if tree is None:
             return None
         if not isinstance(tree, DraftTree):
             raise PluginError(
                 f"Tree policy {policy.name!r} returned {type(tree).__name__}; shape() must return "
-                "a goose.DraftTree or None"
+                "a goose.DraftTree or None. Hint: DraftTree.build(tokens, parents, origins)"
             )
+        if tree.num_nodes < 2:
+            return None
         if tree.tokens[0] != anchor:
             raise PluginError(
                 f"Tree policy {policy.name!r} returned a tree rooted at token {tree.tokens[0]}, but "
@@ -621,11 +637,12 @@ class Decoder:
             )
         vocab = self.vocab_size
         for i, t in enumerate(tree.tokens):
-            if t >= vocab:
-                raise DraftSourceError(
-                    tree.origins[i],
-                    f"proposed token id {t} (tree node {i}), outside the vocabulary [0, {vocab}). "
-                    "Hint: draft with ids from this model's tokenizer.",
+            if t >= vocab:  # sources' ids were checked as they left them: this one is the policy's
+                by = tree.sources[i] if tree.sources is not None else ()
+                raise PluginError(
+                    f"Tree policy {policy.name!r} returned token id {t} at tree node {i} (origin {tree.origins[i]!r}"
+                    + (f", credited to {', '.join(by)}" if by else "")
+                    + f"), outside the vocabulary [0, {vocab}). Hint: place only ids the sources proposed."
                 )
         if max(tree.depths) > max_depth:
             tree = prune(tree, max_depth)

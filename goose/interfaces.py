@@ -14,11 +14,11 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, get_args
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from goose.errors import DraftSourceError
 from goose.tree import ROOT, DraftTree
@@ -28,9 +28,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Options(BaseModel):
-    """Base class of every component's options: unknown fields are an error."""
+    """Base class of every component's options: unknown fields are an error, and an integer option takes an
+    integer only (``True`` or ``3.0`` for an int option is refused, not turned into 1 or 3)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _ints_are_ints(cls, v, info):
+        field_info = cls.model_fields.get(info.field_name)
+        if field_info is not None and isinstance(v, (bool, float)) and _takes_int(field_info.annotation):
+            if not (isinstance(v, float) and _takes_float(field_info.annotation)):
+                raise ValueError(f"an integer is required, got {v!r} ({type(v).__name__})")
+        return v
+
+
+def _takes_int(annotation) -> bool:
+    """Whether an option's type is ``int`` or a union holding ``int`` (``int | None``)."""
+    return annotation is int or int in get_args(annotation)
+
+
+def _takes_float(annotation) -> bool:
+    return annotation is float or float in get_args(annotation)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,6 +198,10 @@ class Verified:
     accepted: tuple[int, ...] = ()  # accepted draft tokens: root and bonus excluded
     bonus: int | None = None  # the target's token after the last accepted node (None: the walk ended on one)
     walk: str = "greedy"  # how tokens were chosen: "greedy" (raw argmax), "processed" or "sample"
+    # a prefill that computed its last row only: call for the record with every row the sources asked for
+    # (None when they cannot be had); the loop calls it before the first draft. It travels with the record,
+    # so a verifier that wraps another and returns its prefill unchanged keeps the deferred rows.
+    rest: Callable[[], Verified | None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def accept_length(self) -> int:
@@ -273,7 +296,7 @@ class DraftContext:
             return self._proposals[name]
         src = self.source(name)
         t0 = time.perf_counter()
-        result = None if src is None else _call_source(src, self.state, self.vocab_size)
+        result = None if src is None else call_source(src, self.state, self.vocab_size)
         self.source_s += time.perf_counter() - t0
         self._proposals[name] = result
         return result
@@ -304,7 +327,8 @@ class DraftContext:
                     ids, scores = s.successors(token, prev)
                 except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
                     raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
-                if len(ids):
+                if len(ids) or len(scores):
+                    ids, scores = check_successors(s.name, token, ids, scores, self.vocab_size)
                     if depth is not None and self.noise is not None:
                         ids, scores = self.noise.rank(ids, scores, depth)
                     return ids, scores, s.name
@@ -324,7 +348,8 @@ def _as_id(t):
     return t
 
 
-def _call_source(src: DraftSource, state: DraftState, vocab_size: int | None = None) -> Proposal | None:
+def call_source(src: DraftSource, state: DraftState, vocab_size: int | None = None) -> Proposal | None:
+    """``src.propose(state)``, checked as it leaves the source (:func:`check_proposal`); errors name the source."""
     try:
         prop = src.propose(state)
     except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
@@ -336,6 +361,34 @@ def _call_source(src: DraftSource, state: DraftState, vocab_size: int | None = N
             src.name, f"propose() must return a goose.Proposal or None, got {type(prop).__name__}"
         )
     return check_proposal(src.name, prop, vocab_size)
+
+
+def check_successors(source: str, token: int, ids: Sequence, scores: Sequence, vocab_size: int | None = None):
+    """``(ids, scores)`` as they leave source ``source``'s ``successors(token, ...)``: as many scores as ids,
+    ids integers in ``[0, vocab_size)`` (normalised to ints) with no repeat, scores finite numbers; or a
+    :class:`DraftSourceError` naming the source, the position and the value."""
+
+    def bad(what: str, hint: str):
+        raise DraftSourceError(source, f"successors({token}, ...) returned {what}. Hint: {hint}")
+
+    n = len(ids)
+    if len(scores) != n:
+        bad(f"{n} ids but {len(scores)} scores", "one score per successor id")
+    if not all(type(t) is int for t in ids):
+        ids = [_as_id(t) for t in ids]
+        for i, t in enumerate(ids):
+            if type(t) is not int:
+                bad(f"id {t!r} ({type(t).__name__}) at position {i}, not an integer token id", "return int ids")
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or (vocab_size is not None and hi >= vocab_size):
+        b = lo if lo < 0 else hi
+        bad(f"token id {b}, outside the vocabulary [0, {vocab_size})", "successors from this model's tokenizer")
+    if len(set(ids)) != n:
+        bad(f"a repeated id in {list(ids)}", "list each successor once, best first")
+    for i, sc in enumerate(scores):
+        if isinstance(sc, bool) or not isinstance(sc, numbers.Real) or not math.isfinite(sc):
+            bad(f"score {sc!r} at position {i}, not a finite number", "scores are the successors' probabilities or weights")
+    return ids, scores
 
 
 def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -> Proposal:
@@ -442,17 +495,35 @@ class TreePolicy(ABC):
 # Verifiers
 # ---------------------------------------------------------------------------------------------
 class Verifier(ABC):
-    """Runs the target model: the prefill, then one forward per draft tree, and keeps its cache."""
+    """Runs the target model: the prefill, then one forward per draft tree, and keeps its cache.
+
+    What the decoding loop reads besides the methods: ``vocab_size`` (ids outside ``[0, vocab_size)`` are
+    refused), ``max_positions`` (the model's context, None: unbounded), ``supports_rules`` (True: the
+    verifier walks trees with a sampling / processor rule, set on ``rule`` for a request, see
+    ``GreedyTreeVerifier``; False: greedy requests only). :meth:`bind` sets the first two from the model's
+    config; a verifier that wraps another sets them from the inner one (or calls ``super().bind``).
+    """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
+    supports_rules: ClassVar[bool] = False
+    vocab_size: int
+    max_positions: int | None = None
+    rule = None  # the request's TokenRule, set by the loop when supports_rules (None: greedy)
 
     def __init__(self, options: Options | None = None):
         self.options = options if options is not None else self.Options()
 
     def bind(self, model) -> None:
-        """Attach the target model; raise UnsupportedModelError if it cannot be served."""
+        """Attach the target model; raise UnsupportedModelError if it cannot be served. Sets ``vocab_size``
+        and ``max_positions`` from the model's (text) config where it has them."""
         self.model = model
+        cfg = getattr(model, "config", None)
+        if cfg is not None:
+            text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+            if getattr(text, "vocab_size", None) is not None:
+                self.vocab_size = int(text.vocab_size)
+            self.max_positions = getattr(text, "max_position_embeddings", None)
 
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
         """Refuse a request this verifier cannot serve exactly (before any forward)."""
@@ -463,9 +534,9 @@ class Verifier(ABC):
 
         ``keep``: compute the logits of the last ``keep`` prompt positions only (None: all); the
         returned record then covers those positions (``tokens``, ``predecessors``, ``logits``).
-        A verifier may instead return the last position's row only and set ``deferred_prefill``
-        (not None): the loop then calls ``prefill_rows()`` before the first draft for the record
-        with every row (see ``GreedyTreeVerifier.prefill_rows``).
+        A verifier may instead return the last position's row only, with ``Verified.rest`` set to a
+        callable that computes the record with every row: the loop calls it before the first draft
+        (``GreedyTreeVerifier`` does so, option ``defer_prefill_rows``).
         """
 
     @abstractmethod

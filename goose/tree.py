@@ -11,6 +11,7 @@ root-to-leaf paths are functions of the parents alone.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -85,12 +86,12 @@ class DraftTree:
         sources: Sequence[Sequence[str]] | None = None,
         **meta,
     ) -> DraftTree:
-        tokens = tuple(int(t) for t in tokens)
+        tokens = tuple(_node_id(i, t, "token") for i, t in enumerate(tokens))
         if isinstance(origins, str):
             origins = (ROOT,) + (origins,) * (len(tokens) - 1)
         return cls(
             tokens,
-            tuple(int(p) for p in parents),
+            tuple(_node_id(i, p, "parent") for i, p in enumerate(parents)),
             tuple(origins),
             None if scores is None else tuple(float(s) for s in scores),
             route,
@@ -248,3 +249,13 @@ def additive_mask(anc: np.ndarray, past_len: int, dtype=torch.float32, device=No
     tree_part = torch.from_numpy(anc).to(device)
     mask[0, 0, :, past_len:].masked_fill_(tree_part, 0.0)
     return mask
+
+
+def _node_id(i: int, v, what: str) -> int:
+    """An integer id (a Python or numpy integer) as an int; a float, bool or anything else is an error."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v)
+    raise InvalidTreeError(
+        f"node {i}: {what} {v!r} ({type(v).__name__}) is not an integer id. Hint: build trees from the int ids "
+        "sources propose (int(t) for a tensor element)"
+    )

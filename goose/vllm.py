@@ -48,7 +48,7 @@ from time import perf_counter
 import numpy as np
 
 from goose.errors import InvalidInputError
-from goose.interfaces import DraftSource, DraftState, Request, TokenView
+from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source
 
 ENV_SOURCES = "GOOSE_VLLM_SOURCES"
 
@@ -189,13 +189,10 @@ class Proposer:
         st.prev_anchor = st.tokens[-1]
         drafted = []
         for s in st.sources:
-            p = s.propose(state)
+            p = call_source(s, state, self.vocab_size or None)  # checked as it leaves the source, as in the loop
             if p is None or not p.tokens:
                 continue
-            chain = tuple(int(t) for t in first_chain(p))
-            if self.vocab_size:
-                cut = next((j for j, t in enumerate(chain) if not 0 <= t < self.vocab_size), len(chain))
-                chain = chain[:cut]
+            chain = first_chain(p)
             if chain:
                 drafted.append(Drafted(s.name, chain, float(p.confidence)))
         if not drafted:

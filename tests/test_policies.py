@@ -168,7 +168,7 @@ def test_spine_skips_chain_tokens_among_branches():
 
 
 def test_spine_bfs_widths_depths_and_scores():
-    srcs = [ChainStub(CHAIN[:10]), SuccStub(scores=[0.9, 0.05, 0.03, 0.009, 0.001])]
+    srcs = [ChainStub(CHAIN[:10]), SuccStub(k=5, scores=[0.9, 0.05, 0.03, 0.009, 0.001])]
     tree = spine(srcs).shape(ctx(srcs, 60))
     d = tree.depths
     for i, o in enumerate(tree.origins):

@@ -302,7 +302,7 @@ def test_bad_sources_are_refused_with_their_reason(monkeypatch):
         Proposer(config(k=0))
 
 
-def test_drafts_stay_inside_the_vocabulary_and_the_model_length():
+def test_proposals_are_checked_as_they_leave_a_source_and_drafts_stay_inside_the_model_length():
     class Wild(goose.DraftSource):
         name = "wild"
 
@@ -310,5 +310,15 @@ def test_drafts_stay_inside_the_vocabulary_and_the_model_length():
             return goose.Proposal.chain(self.name, [1, 2, V + 3, 4])
 
     p = Proposer(config(k=8, max_len=33), sources=[Wild()], min_reach=0.0)
-    assert p.propose([[5]], np.array([20]), np.zeros((1, 40), dtype=np.int64))[0] == [1, 2]
+    with pytest.raises(goose.DraftSourceError, match=rf"'wild' failed: proposal node 2: token id {V + 3} is not allowed"):
+        p.propose([[5]], np.array([20]), np.zeros((1, 40), dtype=np.int64))
+
+    class Tame(Wild):
+        name = "tame"
+
+        def propose(self, state):
+            return goose.Proposal.chain(self.name, [1, 2, 3, 4])
+
+    p = Proposer(config(k=8, max_len=33), sources=[Tame()], min_reach=0.0)
+    assert p.propose([[5]], np.array([20]), np.zeros((1, 40), dtype=np.int64))[0] == [1, 2, 3, 4]
     assert p.propose([[5]], np.array([32]), np.zeros((1, 40), dtype=np.int64))[0] == []  # no room left
