@@ -251,8 +251,8 @@ class GreedyTreeVerifier(Verifier):
 
         With ``defer_prefill_rows`` (and a model whose head can be applied apart, see
         :meth:`_head_parts`) the forward computes the last row only and the returned ``Verified``
-        holds that row; the other ``keep - 1`` rows wait for :meth:`prefill_rows`
-        (``deferred_prefill`` says whether they do)."""
+        holds that row; the other ``keep - 1`` rows wait for :meth:`prefill_rows`, which the record's
+        ``rest`` calls (``deferred_prefill`` holds what it needs meanwhile)."""
         self.timers = {"mask": 0.0, "forward": 0.0, "walk": 0.0, "commit": 0.0, "prefill_forward": 0.0}
         self.deferred_prefill = None
         if self._forms is None:
@@ -287,11 +287,12 @@ class GreedyTreeVerifier(Verifier):
         self.before_root = int(ids[0, -1])
         argmax = top1(logits)
         rule = self.rule
+        rest = self.prefill_rows if self.deferred_prefill is not None else None
         if rule is None:
-            return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=argmax[-1])
+            return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=argmax[-1], rest=rest)
         first = rule.choose(logits[-1], ())
         rule.ends((first,))
-        return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=first, walk=rule.kind)
+        return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=first, walk=rule.kind, rest=rest)
 
     def _head_parts(self):
         """(decoder module, LM head, final logit soft-cap) when the head can be applied to the decoder's
@@ -432,6 +433,7 @@ class GreedyTreeVerifier(Verifier):
 
     def end(self) -> None:
         self.cache = None
+        self.deferred_prefill = None  # rows never asked for (the generation ended at its first token)
 
     def stats(self) -> dict:
         """Seconds spent per part of verification in the last generation."""
