@@ -1,7 +1,8 @@
 """Method specs: ``SRC+SRC/POLICY{opt=...}`` strings -> :func:`goose.compose` keywords.
 
 A method is a preset name (:data:`PRESETS`) or a spec: draft sources joined by ``+``, then ``/``
-and a tree policy, each with options in braces, e.g. ``pld{max_chain=16}+tr{k=4}/spine-fit``;
+and a tree policy, and optionally ``/`` and a verifier, each with options in braces, e.g.
+``pld{max_chain=16}+tr{k=4}/spine-fit`` or ``pld+tr/spine-fit/greedy{linear=stock,gqa=false}``;
 an option value is JSON where it is a dict or a list (``spine-fit{source_priors={"pld":[[1.0,0.6,0.9]]}}``),
 else an int, a float, true/false, none, or the string. :func:`preset` turns either into the keyword
 arguments of :func:`goose.compose`; :func:`check_method` refuses an unknown component or option
@@ -110,18 +111,6 @@ def _balanced(text: str) -> bool:
     return not stack
 
 
-def _split_policy(name: str) -> tuple[str, str, str]:
-    """``SRC+SRC/POLICY``: the last '/' outside braces."""
-    depth = 0
-    for i in range(len(name) - 1, -1, -1):
-        c = name[i]
-        depth += c in "}]"
-        depth -= c in "{["
-        if c == "/" and depth == 0:
-            return name[:i], "/", name[i + 1:]
-    return name, "", ""
-
-
 def preset(name: str) -> dict:
     """The compose() keywords of a preset name or a ``SRC+SRC/POLICY`` spec: ``sources`` (names, or
     (name, options) pairs), ``policy`` and, where the policy has options, ``policy_options``. A preset's
@@ -134,13 +123,19 @@ def preset(name: str) -> dict:
                 f"method {name!r}: its braces and brackets do not close in order (each component's options in "
                 "{...}, a JSON value inside them). Hint: pld+tr/spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}}"
             )
-        srcs, _, pol = _split_policy(name)
-        policy = _component(pol, name)
-        out = {"sources": [_component(s, name) for s in _split_top(srcs, "+") if s.strip()]}
-        if isinstance(policy, tuple):
-            out["policy"], out["policy_options"] = policy[0], policy[1]
-        else:
-            out["policy"] = policy
+        parts = _split_top(name, "/")
+        if len(parts) > 3:
+            raise InvalidInputError(
+                f"method {name!r} has {len(parts)} parts; a method is SRC+SRC/POLICY or SRC+SRC/POLICY/VERIFIER. "
+                "Hint: pld+tr/spine-fit/greedy"
+            )
+        out = {"sources": [_component(s, name) for s in _split_top(parts[0], "+") if s.strip()]}
+        for role, spec in zip(("policy", "verifier"), parts[1:]):
+            comp = _component(spec, name)
+            if isinstance(comp, tuple):
+                out[role], out[f"{role}_options"] = comp
+            else:
+                out[role] = comp
         return out
     raise InvalidInputError(
         f"Unknown method {name!r}. Available: {', '.join((*BASELINES, *PRESETS))}, or SRC+SRC/POLICY."
@@ -158,6 +153,8 @@ def check_method(name: str) -> None:
         src, opts = (spec, None) if isinstance(spec, str) else spec
         component_options(reg.get("source", src), opts)
     component_options(reg.get("policy", kw["policy"]), kw.get("policy_options"))
+    if "verifier" in kw:
+        component_options(reg.get("verifier", kw["verifier"]), kw.get("verifier_options"))
 
 
 def split_methods(text: str) -> list[str]:

@@ -384,6 +384,11 @@ def test_method_specs_take_options():
     assert bench.split_methods(f"ar,{tiers},spine") == ["ar", tiers, "spine"]
     assert bench.preset("pld+tr/spine-fit{source_priors={}}")["policy_options"] == {"source_priors": {}}
     bench.check_method(tiers)
+    # a third part names the verifier, with its options
+    assert bench.preset("pld+tr/spine-fit/greedy{linear=stock,gqa=false}") == {
+        "sources": ["pld", "tr"], "policy": "spine-fit", "verifier": "greedy",
+        "verifier_options": {"linear": "stock", "gqa": False}}
+    bench.check_method("pld+tr/spine-fit/greedy{linear=stock,gqa=false}")
 
 
 @pytest.mark.parametrize(("spec", "needle"), [
@@ -394,19 +399,27 @@ def test_method_specs_take_options():
     ("pld+tr/spine-fit{source_priors={pld:1}}", r"option 'source_priors' of 'spine-fit' is not valid JSON"),
     ('pld+tr/spine-fit{source_priors={"pld":[[1.0,0.6,0.9]}}', r"do not close in order"),
     ('pld+tr/spine-fit{source_priors={"pld":[[1.0,1.6,0.9]]}}', r"source_priors\['pld'\]: each tier"),
+    ("pld+tr/spine/nosuch", r"Unknown verifier 'nosuch'"),
+    ("pld+tr/spine/greedy{linear=fast}", r"Invalid options for verifier 'greedy': linear"),
+    ("pld+tr/spine/greedy/more", r"has 4 parts; a method is SRC\+SRC/POLICY or SRC\+SRC/POLICY/VERIFIER"),
 ])
 def test_a_bad_method_spec_is_refused_with_its_reason(spec, needle):
-    with pytest.raises(InvalidInputError, match=needle):
+    from goose.errors import GooseError
+
+    with pytest.raises(GooseError, match=needle):
         bench.check_method(spec)
 
 
 def test_a_method_with_options_is_benchmarked(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "opts"
+    stock = "pld+tr/spine/greedy{linear=stock,gqa=false}"
     rc = main(["bench", "--model", str(tiny_model_dir), "--datasets", "demo@1", "--max-new-tokens", "16", "--methods",
-               "pld{max_chain=4}/chain", "--threads", "1", "--warmup", "0", "--no-plots", "--out", str(out)])
+               f"pld{{max_chain=4}}/chain,{stock}", "--threads", "1", "--warmup", "0", "--no-plots", "--out", str(out)])
     assert rc == 0
     data = json.loads((out / "results.json").read_text())
-    assert {r["method"] for r in data["runs"]} == {"ar", "pld{max_chain=4}/chain"}
+    assert {r["method"] for r in data["runs"]} == {"ar", "pld{max_chain=4}/chain", stock}
+    linear = next(r["stats"]["extra"]["linear"] for r in data["runs"] if r["method"] == stock)
+    assert linear["option"] == "stock"  # the verifier the spec named, with its options
     assert data["mismatches"] == []
     # refused before the model loads
     rc = main(["bench", "--model", str(tiny_model_dir), "--datasets", "demo@1", "--methods", "pld{max_chian=4}/chain",

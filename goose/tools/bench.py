@@ -26,7 +26,7 @@ RECYCLE_ORIGINS = ("branch", "root-branch", "tr", "tr-original")
 METHODS_HELP = (
     "comma-separated: ar (transformers greedy, always run first), hf-pld (transformers prompt lookup), "
     + ", ".join(PRESETS)
-    + ", or SRC+SRC/POLICY for any registered components (e.g. pld+tr/iso3), each with options in "
+    + ", or SRC+SRC/POLICY[/VERIFIER] for any registered components (e.g. pld+tr/iso3, pld+tr/spine/greedy), each with options in "
     "braces (e.g. pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld}; a dict or list option in JSON, e.g. "
     "spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}})"
 )
