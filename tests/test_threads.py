@@ -287,6 +287,7 @@ def test_the_curve_file_is_never_torn(tmp_path, monkeypatch):
     stop.set()
     r.join()
     assert not errors and seen <= {0, 1, 2}
+    assert path.stat().st_mode & 0o777 == 0o644  # readable as an ordinary write leaves it
 
     def fail(src, dst):
         raise OSError("disk full")
