@@ -8,13 +8,27 @@
 - :class:`ArbitraryTreeSource`: a draft source that emits arbitrary trees drawn by Hypothesis,
   mixing correct (oracle) tokens and wrong ones.
 - :class:`RecallSource`: an example source that learns across requests through ``end`` (docs/plugins.md).
+- :class:`ArbitraryChainSource`, :class:`ArbitrarySuccessorSource`: chains and successors mixing
+  the toy's greedy tokens and wrong ones (the policy kit's sources).
+- :func:`echo_prompt`: a prompt that holds its own greedy continuation on the toy model.
 - :class:`SourceLosslessnessKit`: subclass it in your plugin's tests to check that your draft
   source keeps output identical to greedy decoding.
+- :class:`PolicyLosslessnessKit`: the same for a tree policy, over drawn chain, tree and
+  successor sources; every tree it returns checked against its budget, its anchor and its credits.
 """
 
 from goose.testing.toy import ToyCausalLM, ToySplitLM, reference_greedy, reference_logits, reference_next, reference_sample
 from goose.testing.examples import RecallOptions, RecallSource
-from goose.testing.kit import ArbitraryTreeSource, SourceLosslessnessKit, trees
+from goose.testing.kit import (
+    ArbitraryChainSource,
+    ArbitrarySuccessorSource,
+    ArbitraryTreeSource,
+    PolicyLosslessnessKit,
+    ReferenceTreeSource,
+    SourceLosslessnessKit,
+    echo_prompt,
+    trees,
+)
 
 __all__ = [
     "ToyCausalLM",
@@ -24,8 +38,13 @@ __all__ = [
     "reference_logits",
     "reference_next",
     "ArbitraryTreeSource",
+    "ArbitraryChainSource",
+    "ArbitrarySuccessorSource",
+    "ReferenceTreeSource",
+    "echo_prompt",
     "RecallSource",
     "RecallOptions",
     "SourceLosslessnessKit",
+    "PolicyLosslessnessKit",
     "trees",
 ]

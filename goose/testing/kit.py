@@ -1,9 +1,12 @@
-"""Hypothesis strategies and a losslessness test kit for draft sources."""
+"""Hypothesis strategies, draft sources drawing right and wrong tokens, and the losslessness test kits for
+draft sources and tree policies."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from goose.interfaces import DraftSource, DraftState, Options, Proposal
 from goose.testing.toy import reference_next
@@ -85,6 +88,7 @@ class ArbitraryTreeOptions(Options):
     p_chain: float = 0.3
     max_nodes: int | None = None
     oracle: bool = True
+    confidence: float = 0.0  # the proposals' confidence, in [0, 1]
 
 
 class ArbitraryTreeSource(DraftSource):
@@ -110,7 +114,165 @@ class ArbitraryTreeSource(DraftSource):
         )
         if not toks:
             return None
-        return Proposal(self.name, tuple(toks), tuple(pars))
+        return Proposal(self.name, tuple(toks), tuple(pars), confidence=self.options.confidence)
+
+
+class ArbitraryChainOptions(Options):
+    seed: int = 0
+    p_oracle: float = 0.5  # chance that a token is the toy's greedy token after the chain so far
+    confidence: float = 0.0  # the proposals' confidence, in [0, 1]
+    max_len: int | None = None  # longest chain (None: the step's budget + 4, so policies must cut)
+
+
+class ArbitraryChainSource(DraftSource):
+    """Chains of a seeded random length (0 to the budget + 4) whose tokens are each the toy model's
+    greedy token after the chain so far (``reference_next``) with probability ``p_oracle``, else a
+    random id: right prefixes of every length, then wrong tokens, at a drawn ``confidence``."""
+
+    name = "arbitrary-chain"
+    Options = ArbitraryChainOptions
+
+    def begin(self, request) -> None:
+        self.rng = random.Random(self.options.seed)
+        self.vocab = request.vocab_size
+
+    def propose(self, state: DraftState) -> Proposal | None:
+        o, rng = self.options, self.rng
+        seq, chain = list(state.tokens), []
+        for _ in range(rng.randint(0, o.max_len if o.max_len is not None else state.budget + 4)):
+            right = rng.random() < o.p_oracle
+            chain.append(reference_next(seq + chain, self.vocab) if right else rng.randrange(self.vocab))
+        return Proposal.chain(self.name, chain, confidence=o.confidence) if chain else None
+
+
+class ArbitrarySuccessorOptions(Options):
+    seed: int = 0
+    p_oracle: float = 0.5  # chance that the toy's greedy token is among a node's successors (where known)
+    max_k: int = 4  # most successors per call
+
+
+class ArbitrarySuccessorSource(DraftSource):
+    """A successor source (``provides_successors``; it never proposes a chain) answering each
+    ``successors(token, prev)`` with up to ``max_k`` distinct ids, scores in (0, 1], best first:
+    random ids, and, with probability ``p_oracle``, at a random rank, the toy model's greedy token
+    after ``token`` where ``(prev, token)`` lies on the greedy continuation of the committed text
+    (which the source follows through ``begin``, ``propose`` and ``observe``)."""
+
+    name = "arbitrary-successors"
+    Options = ArbitrarySuccessorOptions
+    provides_successors = True
+
+    def begin(self, request) -> None:
+        self.rng = random.Random(self.options.seed)
+        self.vocab = request.vocab_size
+        self.prompt = list(request.prompt_ids)
+        self.seq = list(self.prompt)  # the committed text as far as known, the anchor last
+        self.line: list[int] | None = None
+
+    def propose(self, state: DraftState) -> Proposal | None:
+        if len(state.tokens) != len(self.seq) or list(state.tokens) != self.seq:
+            self.seq, self.line = list(state.tokens), None
+        return None
+
+    def observe(self, verified) -> None:
+        if verified.kind == "prefill" and verified.argmax:  # the greedy first token (a draw may differ)
+            self.seq = [*self.prompt, int(verified.argmax[-1])]
+        elif verified.kind == "tree" and verified.tree is not None:  # its root is the anchor as committed
+            bonus = () if verified.bonus is None else (int(verified.bonus),)
+            self.seq = [*self.seq[:-1], verified.tree.tokens[0], *verified.accepted, *bonus]
+        self.line = None
+
+    def successors(self, token: int, prev: int | None):
+        from goose.testing.toy import reference_greedy
+
+        if self.line is None:
+            self.line = self.seq + reference_greedy(self.seq, 40, self.vocab)
+        line, oracle = self.line, None
+        for i in range(max(len(self.seq) - 1, 0), len(line) - 1):
+            if line[i] == token and (line[i - 1] == prev if i else prev is None):
+                oracle = line[i + 1]
+                break
+        rng = self.rng
+        k = min(rng.randint(0, self.options.max_k), self.vocab)
+        ids: list[int] = []
+        while len(ids) < k:
+            t = rng.randrange(self.vocab)
+            if t not in ids and t != oracle:
+                ids.append(t)
+        if oracle is not None and rng.random() < self.options.p_oracle:
+            if len(ids) == k and ids:
+                ids.pop()
+            ids.insert(rng.randint(0, len(ids)), oracle)
+        return ids, [1.0 / (r + 1) for r in range(len(ids))]
+
+
+def echo_prompt(vocab_size: int, max_new_tokens: int, keep: int = 8) -> list[int]:
+    """A prompt that holds its own greedy continuation on the toy model: at every step of a greedy
+    generation of up to ``max_new_tokens`` the last ``keep`` + (tokens generated) committed tokens
+    occurred earlier in it, followed by the next token, so a context-match source (n-grams up to
+    ``keep`` + 1 long) finds a match at every step, and the right one.
+
+    How: the toy's continuation depends on a prompt only through its length and
+    ``h = sum_j (token_j + 1) w(j) mod p`` (goose/testing/toy.py). Take a base prompt R (``range(V)``
+    repeated) and its greedy continuation G; write R's last ``keep`` tokens and G at the start of R,
+    then choose a few tokens right after them (a meet-in-the-middle search over their values) so
+    that h is R's again. The prompt ends as R does and has R's length and h: its continuation is G.
+    """
+    from goose.testing.toy import MOD, reference_greedy
+
+    V = vocab_size
+    if V < 2:  # nothing to choose from: a constant prompt (its continuation is constant too)
+        return [0] * (keep + 1)
+    n = max_new_tokens + keep
+
+    def w(j: int) -> int:
+        return (j * j * 7 + j * 3 + 1) % MOD
+
+    k = 1
+    while V**k < 16 * MOD:  # enough value combinations that some hits any residue
+        k += 1
+    for k in range(k, k + 8):
+        length = 2 * keep + n + k
+        base = (list(range(V)) * (length // V + 1))[:length]
+        cont = reference_greedy(base, n, V)
+        memory = base[-keep:] + cont
+        prompt = memory + [0] * k + base[len(memory) + k :]
+        slots = range(len(memory), len(memory) + k)
+        h_base = sum((t + 1) * w(j) for j, t in enumerate(base)) % MOD
+        rest = sum((t + 1) * w(j) for j, t in enumerate(prompt) if j not in slots) % MOD
+        target = (h_base - rest) % MOD
+        half = k // 2
+        a_slots, b_slots = list(slots)[:half], list(slots)[half:]
+
+        def sums(js):  # every assignment of ids to slots js (mixed radix, first slot most significant)
+            s = np.zeros(1, dtype=np.int64)
+            for j in js:
+                s = ((s[:, None] + (np.arange(1, V + 1, dtype=np.int64) * w(j)) % MOD) % MOD).ravel()
+            return s
+
+        a, b = sums(a_slots), sums(b_slots)
+        order = np.argsort(a, kind="stable")
+        a_sorted = a[order]
+        need = (target - b) % MOD
+        at = np.minimum(np.searchsorted(a_sorted, need), len(a_sorted) - 1)
+        hits = np.nonzero(a_sorted[at] == need)[0]
+        if not len(hits):
+            continue  # one more slot
+        ib = int(hits[0])
+        ia = int(order[at[ib]])
+
+        def digits(i, count):
+            out = []
+            for _ in range(count):
+                out.append(i % V)
+                i //= V
+            return out[::-1]
+
+        for j, t in zip(slots, digits(ia, len(a_slots)) + digits(ib, len(b_slots))):
+            prompt[j] = t
+        assert reference_greedy(prompt, n, V) == cont, "echo_prompt: the continuation moved (toy changed?)"
+        return prompt
+    raise AssertionError(f"echo_prompt found no prompt for vocab_size={V}")  # pragma: no cover
 
 
 if st is not None:
@@ -147,11 +309,14 @@ class SourceLosslessnessKit:
 
     - ``test_lossless_on_toy``: the output equals greedy decoding, for Hypothesis-drawn prompts,
       lengths, budgets and eos ids;
-    - ``test_proposals_are_drafted_and_valid``: on a repetitive prompt the source proposes at least
-      once (a successor source: answers ``successors`` at least once; unless :attr:`require_drafts`
-      is False), each proposal passes the boundary checks of
-      ``goose.interfaces.check_proposal`` (ids in the vocabulary, parents, no duplicate siblings,
-      finite confidence in [0, 1], credited to the source), ``state.tokens`` was the same sequence
+    - ``test_proposals_are_drafted_and_valid``: on a prompt that holds its own greedy continuation
+      (:func:`echo_prompt`: at every step the last committed tokens occurred earlier in the text, so a
+      context-match source finds a match at every step) the source proposes at least once (a
+      successor source: answers ``successors`` at least once; unless :attr:`require_drafts` is
+      False), each proposal passes the boundary checks of ``goose.interfaces.check_proposal`` (ids
+      in the vocabulary, parents, no duplicate siblings, finite confidence in [0, 1], credited to
+      the source) and each answer of ``successors`` those of ``check_successors`` (int ids in the
+      vocabulary, no repeat, one finite score each), ``state.tokens`` was the same sequence
       after every ``propose`` as before it, the verified trees hold nodes credited to the source
       (unless :attr:`require_drafts` is False), every such node is one it drafted at that step (a
       path of its proposal, or a successor it gave for the node's parent), and
@@ -166,12 +331,14 @@ class SourceLosslessnessKit:
 
     - ``vocab_size`` (16): the toy model's vocabulary;
     - ``policy`` ("proposal"): the tree policy the source drafts under ("proposal" verifies the
-      proposal as proposed, any tree shape; "spine" for a chain source beside "tr", ...);
+      proposal as proposed, any tree shape; "spine" for a chain source beside "tr", ...). A
+      successor source needs a tree policy ("spine", "tr-tree"): under "proposal" every check
+      fails saying so;
     - ``policy_options`` (None): options of that policy, as ``goose.compose(policy_options=...)``
       takes them (e.g. ``{"latency": {1: 1.0, 128: 1.0}, "source_priors": {...}}`` for ``spine-fit``);
     - ``extra_sources`` (()): sources composed after yours (e.g. ("tr",) for the spine policies);
     - ``max_examples`` (30): Hypothesis examples per property;
-    - ``require_drafts`` (True): whether the source must propose on a repetitive prompt.
+    - ``require_drafts`` (True): whether the source must propose on :func:`echo_prompt`'s prompt.
     """
 
     vocab_size = 16
@@ -192,6 +359,13 @@ class SourceLosslessnessKit:
         src = self.make_source()
         dec = goose.compose(model, None, sources=[src, *self.extra_sources], policy=self.policy,
                              policy_options=self.policy_options, budget=budget)
+        first = dec._idle[0].sources[0]
+        if first.provides_successors and dec.policy.name == "proposal":
+            raise AssertionError(
+                f"{first.name!r} is a successor source (provides_successors = True) and the kit's policy "
+                f"'proposal' verifies proposals as proposed, never asking for successors: a successor source "
+                f"needs a tree policy: set policy = \"spine\" (or \"tr-tree\") on the kit subclass"
+            )
         if spy:
             _spy(dec, self.vocab_size)
         return dec
@@ -223,7 +397,8 @@ class SourceLosslessnessKit:
 
     def test_proposals_are_drafted_and_valid(self):
         dec = self._decoder(12, spy=True)
-        out = self._run(list(range(self.vocab_size)) * 3, 30, 12, None, dec)
+        # a prompt holding its own greedy continuation: the last tokens committed at any step occurred in it
+        out = self._run(echo_prompt(self.vocab_size, 30), 30, 12, None, dec)
         seen = dec._kit_spy
         # a backstop: the loop itself refuses these (a DraftSourceError) before they get here
         assert not seen["mutated"], f"state.tokens changed during propose(): {seen['mutated'][:3]}"
@@ -249,7 +424,9 @@ class SourceLosslessnessKit:
         got = out.stats.per_source.get(name, {}).get("drafted", 0)
         assert got == credited, f"stats.per_source[{name!r}] counts {got} drafted tokens; the verified trees credit it {credited}"
         if self.require_drafts:
-            assert seen["proposals"] > 0, "the source never proposed on a repetitive prompt (set require_drafts = False if that is intended)"
+            assert seen["proposals"] > 0, (
+                "the source never proposed on a prompt that holds its own continuation (goose.testing.kit.echo_prompt)"
+                " (set require_drafts = False if that is intended)")
             assert credited > 0, f"the source proposed {seen['proposals']} times but no verified tree holds a node credited to {name!r}"
 
     def test_generations_on_one_decoder(self):
@@ -297,7 +474,7 @@ def _spy(dec, vocab_size: int) -> None:
     (the number of ``end`` calls before it) and step, the root-to-node token paths of its proposals by
     anchor (``paths``), the successors it gave by parent token (``successors``) and the verified trees."""
     from goose.errors import DraftSourceError
-    from goose.interfaces import check_proposal
+    from goose.interfaces import check_proposal, check_successors
 
     src = dec._idle[0].sources[0]
     seen = {"name": src.name, "proposals": 0, "invalid": [], "mutated": [], "ends": 0,
@@ -339,6 +516,12 @@ def _spy(dec, vocab_size: int) -> None:
 
         def spied_successors(token, prev):
             ids, scores = successors(token, prev)
+            try:  # the loop refuses these as they leave the source; recorded here as a backstop
+                if len(ids) or len(scores):
+                    check_successors(src.name, token, ids, scores, vocab_size)
+            except DraftSourceError as exc:
+                seen["invalid"].append(str(exc))
+                return ids, scores
             if len(ids):
                 seen["proposals"] += 1
                 step = len(seen["trees"].get(seen["ends"], ()))  # drafting for the step after the trees verified so far
@@ -346,3 +529,301 @@ def _spy(dec, vocab_size: int) -> None:
             return ids, scores
 
         src.successors = spied_successors
+
+
+_KINDS = {"chain": ArbitraryChainSource, "tree": ArbitraryTreeSource, "successors": ArbitrarySuccessorSource}
+
+
+def _kit_sources(mix) -> list[DraftSource]:
+    """The kit's sources for a drawn ``mix``: ``(kind, seed, p_oracle, confidence)`` per source."""
+    out = []
+    for kind, seed, p, conf in mix:
+        cls = _KINDS[kind]
+        if kind == "chain":
+            out.append(cls(cls.Options(seed=seed, p_oracle=p, confidence=conf)))
+        elif kind == "tree":
+            out.append(cls(cls.Options(seed=seed, p_oracle=p, p_chain=0.5, confidence=conf)))
+        else:
+            out.append(cls(cls.Options(seed=seed, p_oracle=p)))
+    return out
+
+
+class PolicyLosslessnessKit:
+    """The checks a tree policy must pass, as a pytest base class: subclass it in your plugin's tests
+    and implement :meth:`make_policy`. Every check composes your policy with the kit's own sources on
+    Goose's exact toy model (``goose.testing.ToyCausalLM``; oracles ``reference_greedy`` and
+    ``reference_sample``): a Hypothesis-drawn mix, in a drawn order, of :class:`ArbitraryChainSource`
+    (chains, right then wrong, at a drawn confidence), :class:`ArbitraryTreeSource` (trees mixing right
+    and wrong tokens at every depth) and :class:`ArbitrarySuccessorSource` (successors mixing the
+    toy's next token and wrong ones), each with a drawn seed and share of right tokens. Every tree the
+    policy's ``shape`` returns is checked as it leaves the policy: a :class:`~goose.DraftTree` or None,
+    root = ``ctx.state.anchor``, at most ``policy.max_nodes(budget)`` nodes, ids in the vocabulary, and,
+    where the policy credits nodes to sources (``DraftTree.build(sources=...)``), only composed sources,
+    each node credited to a source that drafted it that step (a path of its proposal, or a successor it
+    gave for the node's parent token).
+
+    - ``test_lossless_on_toy``: output identical to greedy decoding for drawn prompts, lengths,
+      budgets, stop tokens and source mixes;
+    - ``test_trees_within_budget_and_valid``: budgets from 1 to :attr:`max_budget`, confident
+      sources (chains at confidence 1.0, where the spine policies extend the budget), longer
+      generations: every tree passes the checks above, and generations equal greedy;
+    - ``test_drafts_from_right_sources``: with sources that are always right, the policy verifies
+      trees of more than the anchor and the generation takes fewer forwards than tokens (unless
+      :attr:`require_drafts` is False);
+    - ``test_generations_on_one_decoder``: several generations in a row on one decoder (the same
+      policy instance: state kept across requests is used), each identical to greedy, the policy's
+      ``begin`` and ``end`` once per generation;
+    - ``test_sampling_is_seed_identical``: sampling (temperature, top-k) with a seeded generator draws
+      exactly what one-token sampling of the toy model draws with the same seed.
+
+    Attributes a subclass may set: ``vocab_size`` (16), ``policy_options`` (None: options for the
+    policy, as ``goose.compose(policy_options=...)`` takes them), ``source_kinds`` (("chain", "tree",
+    "successors"): the kinds drawn from), ``required_kinds`` (()): kinds always composed, e.g.
+    ("successors",) for a policy that needs a successor source), ``max_budget`` (24), ``max_examples``
+    (20: Hypothesis examples per property, a third of them for the slower properties),
+    ``require_drafts`` (True).
+    """
+
+    vocab_size = 16
+    policy_options: dict | None = None
+    source_kinds: tuple = ("chain", "tree", "successors")
+    required_kinds: tuple = ()
+    max_budget = 24
+    max_examples = 20
+    require_drafts = True
+
+    def make_policy(self):  # pragma: no cover - to override
+        """The policy under test: a name, ``(name, options)`` or a new instance (one per call)."""
+        raise NotImplementedError
+
+    # -- building and running ---------------------------------------------------------------------
+    def _mix(self, confident: bool = False):
+        """Hypothesis strategy: a non-empty tuple of ``(kind, seed, p_oracle, confidence)``, one per source."""
+        from hypothesis import strategies as hs
+
+        kinds = tuple(dict.fromkeys(self.source_kinds))
+        required = tuple(dict.fromkeys(self.required_kinds))
+        conf = hs.just(1.0) if confident else hs.sampled_from([0.0, 0.5, 1.0])
+
+        @hs.composite
+        def mix(draw):
+            order = list(required)
+            for k in draw(hs.lists(hs.sampled_from(kinds), unique=True, min_size=0 if order else 1)):
+                if k not in order:
+                    order.insert(draw(hs.integers(0, len(order))), k)
+            return tuple((k, draw(hs.integers(0, 2**16)), draw(hs.sampled_from([0.0, 0.3, 0.7, 1.0])), draw(conf))
+                         for k in order)
+
+        return mix()
+
+    def _decoder(self, mix, budget: int = 16, eos: int | None = None):
+        import warnings
+
+        import goose
+        from goose.compose import CompositionWarning
+        from goose.testing.toy import ToyCausalLM
+
+        model = ToyCausalLM(self.vocab_size, eos_token_id=eos, max_positions=4096)
+        with warnings.catch_warnings():  # a drawn mix may hold a source the policy never consults
+            warnings.simplefilter("ignore", CompositionWarning)
+            dec = goose.compose(model, None, sources=_kit_sources(mix), policy=self.make_policy(),
+                                policy_options=self.policy_options, budget=budget)
+        _policy_spy(dec, self.vocab_size)
+        return dec
+
+    def _generate(self, dec, prompt, max_new: int, **kw):
+        """``dec.generate``, then the spy's findings: a tree the policy returned that breaks a rule is an
+        AssertionError naming it (also when the loop refused that tree first)."""
+        from goose.errors import GooseError
+
+        seen = dec._kit_policy
+        try:
+            out = dec.generate(list(prompt), max_new_tokens=max_new, **kw)
+        except GooseError as exc:
+            if seen["violations"]:
+                raise AssertionError(_violations(seen)) from exc
+            raise
+        assert not seen["violations"], _violations(seen)
+        return out
+
+    def _run(self, dec, prompt, max_new: int, eos: int | None):
+        from goose.testing.toy import reference_greedy
+
+        out = self._generate(dec, prompt, max_new, do_sample=False)
+        ref = reference_greedy(prompt, max_new, self.vocab_size, [] if eos is None else [eos])
+        assert out.token_ids == ref, f"diverged: got {out.token_ids}, greedy {ref}"
+        return out
+
+    # -- the checks --------------------------------------------------------------------------------
+    def test_lossless_on_toy(self):
+        from hypothesis import given, settings
+        from hypothesis import strategies as hs
+
+        @settings(max_examples=self.max_examples, deadline=None)
+        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=30),
+               max_new=hs.integers(0, 40), budget=hs.integers(1, 16),
+               eos=hs.none() | hs.integers(0, self.vocab_size - 1), mix=self._mix())
+        def prop(prompt, max_new, budget, eos, mix):
+            self._run(self._decoder(mix, budget, eos), prompt, max_new, eos)
+
+        prop()
+
+    def test_trees_within_budget_and_valid(self):
+        from hypothesis import given, settings
+        from hypothesis import strategies as hs
+
+        @settings(max_examples=max(1, self.max_examples // 2), deadline=None)
+        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
+               max_new=hs.integers(16, 48), budget=hs.integers(1, self.max_budget),
+               mix=self._mix(confident=True) | self._mix())
+        def prop(prompt, max_new, budget, mix):
+            dec = self._decoder(mix, budget)
+            self._run(dec, prompt, max_new, None)
+            seen = dec._kit_policy
+            assert seen["shaped"] > 0 or max_new < 2, "the policy's shape() was never called"
+
+        prop()
+
+    def test_drafts_from_right_sources(self):
+        kinds = tuple(dict.fromkeys((*self.required_kinds, *self.source_kinds)))
+        for conf in (1.0, 0.0):
+            dec = self._decoder(tuple((k, 7, 1.0, conf) for k in kinds), 12)
+            for _ in range(2):  # a policy that learns acceptance may start cautious
+                out = self._run(dec, echo_prompt(self.vocab_size, 40), 40, None)
+            if not self.require_drafts:
+                return
+            seen = dec._kit_policy
+            assert seen["drafted"] > 0, (
+                f"with sources that are always right ({', '.join(kinds)}, confidence {conf}) the policy never "
+                f"returned a tree of more than the anchor in {seen['shaped']} steps (set require_drafts = False "
+                "if that is intended)")
+            assert out.stats.forward_passes < 40, (
+                f"with sources that are always right the policy took {out.stats.forward_passes} forwards for 40 tokens")
+
+    def test_generations_on_one_decoder(self):
+        from hypothesis import given, settings
+        from hypothesis import strategies as hs
+
+        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
+        @given(prompts=hs.lists(hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
+                                min_size=2, max_size=4),
+               max_new=hs.integers(8, 30), budget=hs.integers(2, 16), mix=self._mix())
+        def prop(prompts, max_new, budget, mix):
+            dec = self._decoder(mix, budget)
+            for prompt in [*prompts, prompts[0]]:
+                self._run(dec, prompt, max_new, None)
+            seen = dec._kit_policy
+            n = len(prompts) + 1
+            assert seen["begins"] == n and seen["ends"] == n, (
+                f"{n} generations, but the policy's begin() was called {seen['begins']} times and end() {seen['ends']}")
+
+        prop()
+
+    def test_sampling_is_seed_identical(self):
+        import torch
+        from hypothesis import given, settings
+        from hypothesis import strategies as hs
+
+        from goose.testing.toy import reference_sample
+        from goose.verifiers.sampling import Sampling, build_processors
+
+        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
+        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
+               max_new=hs.integers(8, 30), seed=hs.integers(0, 2**16), budget=hs.integers(2, 16),
+               temperature=hs.sampled_from([0.5, 1.0, 1.5]), top_k=hs.sampled_from([None, 4]), mix=self._mix())
+        def prop(prompt, max_new, seed, budget, temperature, top_k, mix):
+            dec = self._decoder(mix, budget)
+            p = {"do_sample": True, "temperature": temperature, "top_k": top_k}
+            out = self._generate(dec, prompt, max_new, generator=torch.Generator().manual_seed(seed), **p)
+            procs = build_processors(Sampling(**p), len(prompt), [])
+            ref = reference_sample(prompt, max_new, self.vocab_size, procs, torch.Generator().manual_seed(seed))
+            assert out.token_ids == ref, f"sampling diverged: got {out.token_ids}, one-token sampling {ref}"
+
+        prop()
+
+
+def _violations(seen) -> str:
+    v = seen["violations"]
+    return f"tree policy {seen['policy']!r} returned trees that break the rules ({len(v)} findings); first: " + "; ".join(v[:3])
+
+
+def _policy_spy(dec, vocab_size: int) -> None:
+    """Check, on ``dec._kit_policy``, every tree the decoder's policy returns as it leaves ``shape`` (see
+    :class:`PolicyLosslessnessKit`), recording what each source drafted in that step (the root-to-node
+    paths of its proposal, the successors it gave by parent token) and counting ``begin`` / ``end``."""
+    from goose.tree import DraftTree
+
+    worker = dec._idle[0]
+    policy, sources = worker.policy, worker.sources
+    names = {s.name for s in sources}
+    seen = {"policy": policy.name, "violations": [], "shaped": 0, "drafted": 0, "begins": 0, "ends": 0}
+    step = {"paths": {}, "succ": {}}
+    dec._kit_policy = seen
+
+    for src in sources:
+        def spied_propose(state, _src=src, _propose=src.propose):
+            prop = _propose(state)
+            if prop is not None:
+                paths: list[tuple[int, ...]] = []
+                for t, p in zip(prop.tokens, prop.parents):
+                    paths.append((*(paths[p] if 0 <= p < len(paths) else ()), int(t)))
+                step["paths"].setdefault(_src.name, set()).update(paths)
+            return prop
+
+        src.propose = spied_propose
+        if src.provides_successors:
+            def spied_successors(token, prev, _src=src, _succ=src.successors):
+                ids, scores = _succ(token, prev)
+                step["succ"].setdefault((_src.name, int(token)), set()).update(int(t) for t in ids)
+                return ids, scores
+
+            src.successors = spied_successors
+
+    shape, begin, end = policy.shape, policy.begin, policy.end
+
+    def spied_shape(ctx):
+        step["paths"], step["succ"] = {}, {}
+        tree = shape(ctx)
+        seen["shaped"] += 1
+        bad = seen["violations"]
+        where = f"step {ctx.state.step} (anchor {ctx.state.anchor}, budget {ctx.budget})"
+        if tree is None:
+            return tree
+        if not isinstance(tree, DraftTree):
+            bad.append(f"{where}: shape() returned {type(tree).__name__}, not a DraftTree or None")
+            return tree
+        if tree.num_nodes > 1:
+            seen["drafted"] += 1
+        limit = policy.max_nodes(ctx.budget)
+        if tree.num_nodes > limit:
+            bad.append(f"{where}: a tree of {tree.num_nodes} nodes, over policy.max_nodes({ctx.budget}) = {limit}")
+        if tree.num_nodes > 1 and tree.tokens[0] != ctx.state.anchor:
+            bad.append(f"{where}: the tree's root is token {tree.tokens[0]}, not the anchor {ctx.state.anchor}")
+        out_of_vocab = [t for t in tree.tokens if t >= vocab_size]
+        if out_of_vocab:
+            bad.append(f"{where}: token ids {out_of_vocab[:3]} outside the vocabulary [0, {vocab_size})")
+        if tree.sources is not None:
+            for i in range(1, tree.num_nodes):
+                path, j = [], i
+                while j > 0:
+                    path.append(tree.tokens[j])
+                    j = tree.parents[j]
+                path = tuple(reversed(path))
+                for name in tree.sources[i]:
+                    if name not in names:
+                        bad.append(f"{where}: node {i} is credited to {name!r}, not a composed source ({sorted(names)})")
+                    elif path not in step["paths"].get(name, ()) and \
+                            tree.tokens[i] not in step["succ"].get((name, tree.tokens[tree.parents[i]]), ()):
+                        bad.append(f"{where}: node {i} (path {path}) is credited to {name!r}, which did not draft it "
+                                   "this step (neither a path of its proposal nor a successor it gave)")
+        return tree
+
+    def spied_begin(request):
+        seen["begins"] += 1
+        return begin(request)
+
+    def spied_end(output):
+        seen["ends"] += 1
+        return end(output)
+
+    policy.shape, policy.begin, policy.end = spied_shape, spied_begin, spied_end
