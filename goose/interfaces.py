@@ -520,7 +520,7 @@ class Verifier(ABC):
         self.model = model
         cfg = getattr(model, "config", None)
         if cfg is not None:
-            text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+            text = text_config(cfg)
             if getattr(text, "vocab_size", None) is not None:
                 self.vocab_size = int(text.vocab_size)
             self.max_positions = getattr(text, "max_position_embeddings", None)
@@ -549,6 +549,11 @@ class Verifier(ABC):
     def stats(self) -> dict:
         """Per-generation statistics (e.g. time per part of verification)."""
         return {}
+
+
+def text_config(config):
+    """The text decoder's part of a model config (a multimodal config holds it inside), or the config itself."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
 Factory = Callable[..., object]

@@ -26,7 +26,7 @@ from pydantic import Field
 
 from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
-from goose.interfaces import Options, Verified, Verifier
+from goose.interfaces import Options, Verified, Verifier, text_config
 from goose.tree import DraftTree
 from goose.verifiers import attention, sampling, skinny
 from goose.verifiers import cache as kv_cache
@@ -91,7 +91,6 @@ class GreedyTreeVerifier(Verifier):
     rule = None
 
     def bind(self, model) -> None:
-        self.model = model
         cfg = getattr(model, "config", None)
         if cfg is None:
             raise UnsupportedModelError(
@@ -105,9 +104,8 @@ class GreedyTreeVerifier(Verifier):
                 f"verified exactly. Supported: {', '.join(MASK_HONOURING)}. Hint: load the model with "
                 "attn_implementation='sdpa' (or 'eager')."
             )
-        text_cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-        self.vocab_size = int(getattr(text_cfg, "vocab_size"))
-        self.max_positions = getattr(text_cfg, "max_position_embeddings", None)
+        super().bind(model)  # vocab_size, max_positions
+        text_cfg = text_config(cfg)
         # which tree mask each attention layer gets (one for all, or one per layer type)
         self.window_plan = attention.window_plan(model, text_cfg)
         self.sliding_window = self.window_plan.window
@@ -309,7 +307,7 @@ class GreedyTreeVerifier(Verifier):
         if not isinstance(dec, torch.nn.Module) or not isinstance(head, torch.nn.Module) or dec is m:
             return None
         cfg = m.config
-        text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        text = text_config(cfg)
         return dec, head, getattr(text, "final_logit_softcapping", None)
 
     @torch.inference_mode()
