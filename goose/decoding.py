@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from goose.branches import BranchRates
 from goose.errors import DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, InvalidTreeError, PluginError
 from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TokenView, TreePolicy, Verified, Verifier
 from goose.tree import DraftTree
@@ -116,6 +117,10 @@ class _Worker:
     sources: tuple
     policy: TreePolicy
     verifier: Verifier
+    # two or more successor sources: their measured per-rank acceptance (goose.branches), and the answers
+    # this step's drafting asked for, with the prev the root was asked with, booked after the pass
+    branches: BranchRates | None = None
+    asked: tuple = ({}, None)
 
 
 @dataclass
@@ -191,7 +196,8 @@ class Decoder:
         self.vocab_size = verifier.vocab_size
         self.max_positions = getattr(verifier, "max_positions", None)
         self._lock = threading.Lock()
-        self._idle: list[_Worker] = [_Worker(self.sources, policy, verifier)]
+        n_succ = sum(1 for s in self.sources if s.provides_successors)
+        self._idle: list[_Worker] = [_Worker(self.sources, policy, verifier, BranchRates() if n_succ > 1 else None)]
         self._workers = 1
         self._template, self._template_error = self._snapshot()
 
@@ -425,6 +431,8 @@ class Decoder:
         for s in worker.sources:
             s.begin(request)
         worker.policy.begin(request)
+        if worker.branches is not None:
+            worker.branches.begin()
         if self.hook is not None:
             self.hook.goose_on_generation_start(decoder=self, request=request)
         keep = self._prefill_positions(worker, len(prompt_ids))
@@ -512,12 +520,15 @@ class Decoder:
         t0 = time.perf_counter()
         anchor = seq[-1]
         tree = None
+        worker.asked = ({}, None)
         if max_depth > 0:
             state = DraftState(
                 view, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, tally.steps
             )
-            ctx = DraftContext(state, worker.sources, None if rule is None else rule.noise_view(), self.vocab_size)
+            ctx = DraftContext(state, worker.sources, None if rule is None else rule.noise_view(), self.vocab_size,
+                               worker.branches)
             tree = self._shape(worker.policy, ctx, anchor, max_depth)
+            worker.asked = (ctx.asked, state.prev_anchor)
             tally.sources_s += ctx.source_s
         if tree is None:
             tree = DraftTree.single(anchor)
@@ -552,6 +563,8 @@ class Decoder:
                 extra[s.name] = s.stats()
         if policy.stats():
             extra["policy"] = policy.stats()
+        if worker.branches is not None:  # successor sources' measured rate at ranks 0, 1, 2
+            extra["branch_rates"] = worker.branches.snapshot()
         # the rows the prefill's LM head computed: keep, or 1 where deferred rows were never needed
         extra["prefill_logit_rows"] = int(getattr(verifier, "timers", {}).get("prefill_logit_rows", keep))
         if verifier.stats():
@@ -664,6 +677,9 @@ class Decoder:
             except Exception as exc:  # noqa: BLE001
                 raise DraftSourceError(s.name, f"observe() raised {type(exc).__name__}: {exc}") from exc
         worker.policy.observe(v)
+        if worker.branches is not None and v.tree is not None:
+            tree = v.tree
+            worker.branches.book(worker.asked[0], worker.asked[1], tree.tokens, tree.parents, v.path, v.bonus)
         tally.observe_s += time.perf_counter() - t0
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from goose.branches import BranchRates, Successors
 from goose.errors import DraftSourceError
 from goose.tree import ROOT, DraftTree
 
@@ -212,15 +213,16 @@ class Verified:
 # Draft sources
 # ---------------------------------------------------------------------------------------------
 class DraftSource(ABC):
-    """A source of draft tokens. Subclass, set ``name`` and ``Options``, implement :meth:`propose`.
-
-    A source may also answer :meth:`successors` (likely next tokens after a given token), which
-    tree policies use to grow branches; set ``provides_successors = True`` when it does.
-    """
+    """A source of draft tokens. Subclass, set ``name`` and ``Options``, and implement :meth:`propose`
+    (a chain source), :meth:`successors` with ``provides_successors = True`` (a successor source, whose
+    answers tree policies hang as branches), or both."""
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
     provides_successors: ClassVar[bool] = False
+    #: what this source's measured confidence tiers (``goose tiers``) are stored under, with its name: raise it
+    #: when a change makes earlier measurements of its proposals stale
+    version: ClassVar[str] = "1"
 
     def __init__(self, options: Options | None = None):
         self.options = options if options is not None else self.Options()
@@ -234,9 +236,10 @@ class DraftSource(ABC):
         ``generate``, after the last step, on the same instance that drafted it: a source that
         learns across requests updates its history here. (Not called when the generation raised.)"""
 
-    @abstractmethod
     def propose(self, state: DraftState) -> Proposal | None:
-        """Draft tokens to follow ``state.anchor``, or None when there is nothing to propose."""
+        """Draft tokens to follow ``state.anchor``, or None when there is nothing to propose (a successor
+        source that drafts only through :meth:`successors` need not implement it)."""
+        return None
 
     def observe(self, verified: Verified) -> None:
         """Learn from a verified forward pass (prefill or tree). Called after every pass."""
@@ -269,9 +272,10 @@ class DraftContext:
     errors it raises come back as :class:`~goose.errors.DraftSourceError` naming the source.
     """
 
-    __slots__ = ("state", "sources", "_proposals", "_succ", "source_s", "noise", "vocab_size")
+    __slots__ = ("state", "sources", "_proposals", "_succ", "source_s", "noise", "vocab_size", "branch_rates", "asked")
 
-    def __init__(self, state: DraftState, sources: Sequence[DraftSource], noise=None, vocab_size: int | None = None):
+    def __init__(self, state: DraftState, sources: Sequence[DraftSource], noise=None, vocab_size: int | None = None,
+                 branch_rates: BranchRates | None = None):
         self.state = state
         self.vocab_size = vocab_size  # proposals' ids are checked against it (None: non-negative only)
         self.sources = tuple(sources)
@@ -280,6 +284,11 @@ class DraftContext:
         self.source_s = 0.0  # seconds spent inside the sources (propose, successors) this step
         # when sampling: the draws' noise of this step's tokens (goose.verifiers.sampling.NoiseView), else None
         self.noise = noise
+        # two or more successor sources: their answers merge, ranked by these measured rates (goose.branches)
+        self.branch_rates = branch_rates if branch_rates is not None or len(self._succ) < 2 else BranchRates()
+        # {(token, prev): ((source, ids), ...)}: every successor answer asked for this step, which the loop
+        # books against the target's tokens after the pass (BranchRates.book)
+        self.asked: dict = {}
 
     @property
     def budget(self) -> int:
@@ -310,31 +319,56 @@ class DraftContext:
                 out[s.name] = p
         return out
 
-    def successors(
-        self, token: int, prev: int | None, depth: int | None = None
-    ) -> tuple[Sequence[int], Sequence[float], str]:
-        """Successors from the first successor-providing source that knows ``token``.
+    def successors(self, token: int, prev: int | None, depth: int | None = None) -> Successors:
+        """Likely next tokens after ``token`` (``prev`` before it) from every successor-providing source:
+        ``(ids, scores, sources)``, best first, ``sources[i]`` naming who proposed ``ids[i]``.
+
+        One successor source: its answer as it gives it. Two or more: each is asked, and their answers
+        merge into one list, a token two sources give being one candidate both vouch for, ordered and
+        scored by each source's measured acceptance at the rank it gave the token (goose.branches), never
+        by the order of the sources.
 
         ``depth``: the tree depth the successors would be placed at (1: children of the root).
         Given it while sampling, the successors come ordered by how likely this step's draw at
         that depth picks each, knowing the draw's noise (:class:`~goose.verifiers.sampling.NoiseView`);
-        the scores are then those likelihoods. Without it (or when not sampling): the source's order.
+        the scores are then those likelihoods. Without it (or when not sampling): the order above.
         """
         t0 = time.perf_counter()
         try:
-            for s in self._succ:
-                try:
-                    ids, scores = s.successors(token, prev)
-                except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
-                    raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
-                if len(ids) or len(scores):
-                    ids, scores = check_successors(s.name, token, ids, scores, self.vocab_size)
-                    if depth is not None and self.noise is not None:
-                        ids, scores = self.noise.rank(ids, scores, depth)
-                    return ids, scores, s.name
-            return (), (), ""
+            key = (token, prev)
+            answers = self.asked.get(key)
+            if answers is None:
+                answers = self.asked[key] = self._ask(token, prev)
+            if not answers:
+                return _NO_SUCCESSORS
+            if self.branch_rates is None:  # one successor source: its own answer
+                name, ids, scores = answers[0]
+                out = Successors(ids, scores, ((name,),) * len(ids))
+            else:
+                out = self.branch_rates.merge([(name, ids) for name, ids, _ in answers])
+            if depth is not None and self.noise is not None and len(out.ids) > 1:
+                by = dict(zip(out.ids, out.sources))
+                ids, scores = self.noise.rank(out.ids, out.scores, depth)
+                out = Successors(ids, scores, [by[t] for t in ids])
+            return out
         finally:
             self.source_s += time.perf_counter() - t0
+
+    def _ask(self, token: int, prev: int | None) -> tuple:
+        """``((source, ids, scores), ...)``: every successor source's answer that is not empty, checked."""
+        out = []
+        for s in self._succ:
+            try:
+                ids, scores = s.successors(token, prev)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
+                raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
+            if len(ids) or len(scores):
+                ids, scores = check_successors(s.name, token, ids, scores, self.vocab_size)
+                out.append((s.name, ids, scores))
+        return tuple(out)
+
+
+_NO_SUCCESSORS = Successors((), (), ())
 
 
 def _as_id(t):

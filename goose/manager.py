@@ -309,6 +309,27 @@ def _build_registry(pm: pluggy.PluginManager, strict_for: str | None = None) -> 
     return reg
 
 
+def _check_roles(cls, provider: str) -> None:
+    """A draft source drafts through ``propose`` (a chain source), ``successors`` (a successor source), or both."""
+    chain = cls.propose is not DraftSource.propose
+    succ = cls.successors is not DraftSource.successors
+    if succ and not cls.provides_successors:
+        raise PluginError(
+            f"Plugin {provider!r} registered draft source {cls.__name__}, which implements successors() but "
+            "says provides_successors = False, so no policy would ask it. Hint: set provides_successors = True."
+        )
+    if cls.provides_successors and not succ:
+        raise PluginError(
+            f"Plugin {provider!r} registered draft source {cls.__name__} with provides_successors = True "
+            "without implementing: successors. Hint: implement successors(token, prev), or set it False."
+        )
+    if not chain and not succ:
+        raise PluginError(
+            f"Plugin {provider!r} registered draft source {cls.__name__} without implementing: propose (a chain "
+            "source) or successors with provides_successors = True (a successor source)."
+        )
+
+
 def _make_register(reg: list, kind: str, provider: str, origin: str):
     base = KINDS[kind]
 
@@ -325,6 +346,8 @@ def _make_register(reg: list, kind: str, provider: str, origin: str):
                 f"Plugin {provider!r} registered {_KIND_WORDS[kind]} {cls.__name__} without "
                 f"implementing: {missing}."
             )
+        if kind == "source":
+            _check_roles(cls, provider)
         nm = name or cls.name
         if not nm or not isinstance(nm, str):
             raise PluginError(

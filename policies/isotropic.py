@@ -72,10 +72,10 @@ class IsotropicPolicy(MergingPolicy):
         ranked = rank(chains, self.rates, self._spine)
         conf = ranked[0].confidence if ranked and o.confidence else 0.0
         budget = ctx.budget + int(conf * o.extension)
-        root_ids, root_scores, root_src = ctx.successors(anchor, st.prev_anchor)
+        root = ctx.successors(anchor, st.prev_anchor)
         meta = {"chains": {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked},
                 "confidence": conf}
-        if not len(root_ids):
+        if not len(root.ids):
             if not ranked:
                 return None
             lead = ranked[0]
@@ -116,10 +116,10 @@ class IsotropicPolicy(MergingPolicy):
             if d >= maxd:
                 break  # breadth-first: every later node is at least as deep
             if i == 0:
-                ids, scores, src = root_ids, root_scores, root_src
+                ids, scores, by = root
                 label = ROOT_BRANCH
             else:
-                ids, scores, src = ctx.successors(tokens[i], tokens[parents[i]])
+                ids, scores, by = ctx.successors(tokens[i], tokens[parents[i]])
                 label = BRANCH
             seen = set()
             c = on_chain[i]
@@ -134,7 +134,7 @@ class IsotropicPolicy(MergingPolicy):
                     sources.append(tuple(vouch[child]))
                     depths.append(d + 1)
                     on_chain.append(child)
-            for t, s in zip(ids, scores):
+            for t, s, who in zip(ids, scores, by):
                 if len(seen) >= k or len(tokens) >= budget or s < min_score:
                     break
                 if t in seen:
@@ -143,7 +143,7 @@ class IsotropicPolicy(MergingPolicy):
                 tokens.append(t)
                 parents.append(i)
                 origins.append(label)
-                sources.append((src,) if src else ())
+                sources.append(who)
                 depths.append(d + 1)
                 on_chain.append(-1)
             i += 1
@@ -218,16 +218,16 @@ class TRTreePolicy(TreePolicy):
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         st = ctx.state
-        root_ids, root_scores, root_src = ctx.successors(st.anchor, st.prev_anchor)
-        if not len(root_ids):
+        root = ctx.successors(st.anchor, st.prev_anchor)
+        if not len(root.ids):
             return None
         budget, depth_cap, min_score = ctx.budget, st.max_depth, self.options.min_score
         tokens = [st.anchor]
         parents = [-1]
         origins = [ROOT]
-        vouch: list[tuple[str, ...]] = [()]  # the successor source each node came from (stats.per_source)
+        vouch: list[tuple[str, ...]] = [()]  # the successor sources each node came from (stats.per_source)
         node_of = [0]  # slot -> node index, -1 when the slot is empty
-        rows = {0: (root_ids, root_scores, set(), root_src)}
+        rows = {0: (*root, set())}
         for p, r, depth in self.slots:
             if len(tokens) >= budget or depth > depth_cap:
                 break
@@ -237,9 +237,8 @@ class TRTreePolicy(TreePolicy):
                 continue
             row = rows.get(pn)
             if row is None:
-                ids, scores, src = ctx.successors(tokens[pn], tokens[parents[pn]])
-                row = rows[pn] = (ids, scores, set(), src)
-            ids, scores, used, src = row
+                row = rows[pn] = (*ctx.successors(tokens[pn], tokens[parents[pn]]), set())
+            ids, scores, by, used = row
             if r >= len(ids) or scores[r] < min_score or ids[r] in used:
                 node_of.append(-1)
                 continue
@@ -249,7 +248,7 @@ class TRTreePolicy(TreePolicy):
             tokens.append(t)
             parents.append(pn)
             origins.append(ROOT_BRANCH if pn == 0 else BRANCH)
-            vouch.append((src,))
+            vouch.append(by[r])
         if len(tokens) < 2:
             return None
         return DraftTree.build(tokens, parents, origins, None, "tr", vouch)

@@ -49,6 +49,7 @@ from pydantic import Field, field_validator
 
 from goose import manager
 from goose.errors import InvalidInputError
+from goose.branches import Successors
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.policies.merge import (
@@ -189,12 +190,12 @@ class SpinePolicy(MergingPolicy):
         merged = self.lay_out(ctx)
         conf = merged.confidence
         budget = ctx.budget + int(conf * o.extension)
-        ids, scores, src = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor, 1 if o.coupled else None)
+        root = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor, 1 if o.coupled else None)
         if merged.leader is not None:
             self.leaders[merged.leader.source] += 1
-        if not len(ids):
+        if not len(root.ids):
             return self.chains_only(ctx, merged, budget)
-        return self.build(ctx, merged, conf, budget, ids, scores, src)
+        return self.build(ctx, merged, conf, budget, root)
 
     def chains_only(self, ctx: DraftContext, merged: Merged, budget: int) -> DraftTree | None:
         """No successor at the root: the spine alone (route ``"chain"``), with the other sources'
@@ -214,9 +215,7 @@ class SpinePolicy(MergingPolicy):
         merged: Merged,
         conf: float,
         budget: int,
-        root_ids: Sequence[int],
-        root_scores: Sequence[float],
-        root_src: str = "",
+        root: Successors,
     ) -> DraftTree | None:
         """Algorithm 1: spine (and the other sources' side chains), root branches, harmonic spine
         branches, BFS extension."""
@@ -248,17 +247,20 @@ class SpinePolicy(MergingPolicy):
         root_share = branch_budget - spine_share
         frontier: deque = deque()
 
-        def attach(parent: int, depth: int, ids, scores, limit: int, label: str, source: str) -> int:
-            """Hang up to ``limit`` successors (best first, above min_score, not already a child) on a node."""
+        def attach(parent: int, depth: int, succ: Successors, limit: int, label: str, width: int | None = None) -> int:
+            """Hang up to ``limit`` of the first ``width`` successors (best first, above min_score, not already
+            a child) on a node, each credited to the sources that proposed it."""
             attached = 0
             have = trie.kids.get(parent)
-            vouch = (source,) if source else ()
-            for t, s in zip(ids, scores):
+            ids, scores, vouch = succ
+            if width is not None:
+                ids, scores = ids[:width], scores[:width]
+            for t, s, by in zip(ids, scores, vouch):
                 if attached >= limit or s < min_score:
                     break
                 if have is not None and t in have:
                     continue
-                i = trie.add(parent, t, label, vouch)
+                i = trie.add(parent, t, label, by)
                 have = trie.kids[parent]
                 attached += 1
                 if depth < maxd:
@@ -266,7 +268,7 @@ class SpinePolicy(MergingPolicy):
             return attached
 
         # Step 2: alternatives to the first spine token, under the root.
-        attach(0, 1, root_ids, root_scores, root_share, ROOT_BRANCH, root_src)
+        attach(0, 1, root, root_share, ROOT_BRANCH)
 
         # Step 3: alternatives at each spine node, harmonically fewer with depth.
         if spine_share > 0:
@@ -276,8 +278,7 @@ class SpinePolicy(MergingPolicy):
                 if a <= 0 or j + 2 > depth_cap:
                     break
                 node = j + 1
-                ids, scores, src = ctx.successors(tokens[node], tokens[node - 1], j + 2 if coupled else None)
-                attach(node, j + 2, ids, scores, a, BRANCH, src)
+                attach(node, j + 2, ctx.successors(tokens[node], tokens[node - 1], j + 2 if coupled else None), a, BRANCH)
 
         # Step 4: breadth-first extension of the branch frontier.
         remaining = budget - len(tokens)
@@ -285,12 +286,12 @@ class SpinePolicy(MergingPolicy):
         while frontier and remaining > 0:
             node, score = frontier.popleft()
             d = depths[node]
-            ids, scores, src = ctx.successors(tokens[node], tokens[parents[node]], d + 1 if coupled else None)
-            if not len(ids):
+            succ = ctx.successors(tokens[node], tokens[parents[node]], d + 1 if coupled else None)
+            if not len(succ.ids):
                 continue
-            width = max(1, min(len(ids), math.ceil(remaining * score)))
+            width = max(1, min(len(succ.ids), math.ceil(remaining * score)))
             width = min(width, max(1, k // d))
-            remaining -= attach(node, d + 1, ids[:width], scores[:width], remaining, BRANCH, src)
+            remaining -= attach(node, d + 1, succ, remaining, BRANCH, width)
 
         if len(tokens) < 2:
             return None

@@ -1,12 +1,17 @@
-"""An example Goose plugin: the "last-successor" draft source.
+"""An example Goose plugin with two draft sources, one for each role a source can play.
 
-It remembers, for every token, the token that followed it the last time it was committed, and
-drafts a chain by following those links from the anchor. Small, but a real drafter: on
-repetitive text it proposes useful chains.
+- ``last-successor`` (a chain source): it remembers, for every token, the token that followed it
+  the last time it was committed, and drafts a chain by following those links from the anchor.
+  Small, but a real drafter: on repetitive text it proposes useful chains.
+- ``context-bigram`` (a successor source): for every token, how often each token followed it in
+  this request's text (prompt and committed tokens); ``successors(token, prev)`` answers the most
+  frequent followers, best first. A tree policy hangs them as branches; composed with ``tr`` its
+  answers merge with token recycling's, ranked by what each has earned (docs/plugins.md).
 
-Install (``pip install ./docs/examples/goose-example-source``) and use it by name:
+Install (``pip install ./docs/examples/goose-example-source``) and use them by name:
 
     goose.compose(model, tok, sources=["last-successor"], policy="chain")
+    goose.compose(model, tok, sources=["pld", "tr", "context-bigram"], policy="spine")
 """
 
 from __future__ import annotations
@@ -42,6 +47,46 @@ class LastSuccessorSource(goose.DraftSource):
         return goose.Proposal.chain(self.name, chain) if chain else None
 
 
+class ContextBigramOptions(goose.Options):
+    k: int = Field(4, ge=1, le=64, description="most followers answered per token")
+
+
+class ContextBigramSource(goose.DraftSource):
+    """A branch source: the tokens that most often followed a token in this request's text."""
+
+    name = "context-bigram"
+    Options = ContextBigramOptions
+    provides_successors = True
+
+    def begin(self, request: goose.Request) -> None:
+        self.follow: dict[int, dict[int, int]] = {}
+        self.last: int | None = None
+        self.add(request.prompt_ids)
+
+    def add(self, tokens) -> None:
+        for t in tokens:
+            t = int(t)
+            if self.last is not None:
+                row = self.follow.setdefault(self.last, {})
+                row[t] = row.get(t, 0) + 1
+            self.last = t
+
+    def observe(self, verified: goose.Verified) -> None:
+        if verified.kind == "tree":  # what was committed: the accepted tokens, then the bonus token
+            self.add(verified.accepted)
+            if verified.bonus is not None:
+                self.add((verified.bonus,))
+
+    def successors(self, token: int, prev: int | None):
+        row = self.follow.get(token)
+        if not row:
+            return (), ()
+        best = sorted(row.items(), key=lambda kv: (-kv[1], kv[0]))[: self.options.k]
+        total = sum(row.values())
+        return [t for t, _ in best], [c / total for _, c in best]
+
+
 @goose.hookimpl
 def goose_register_sources(register) -> None:
     register(LastSuccessorSource)
+    register(ContextBigramSource)

@@ -1,0 +1,118 @@
+"""Branch candidates from every successor source, merged and ranked by what each source has earned.
+
+A successor source answers ``successors(token, prev)`` with likely next tokens, best first. When a
+decoder composes two or more of them, :meth:`goose.DraftContext.successors` asks every one and merges
+their answers per parent: a token two sources propose is one candidate both vouch for. Candidates are
+ordered by :class:`BranchRates`, never by the order of ``sources=[...]``:
+
+- for each source and each rank r of its answers, the rate at which the token it put at rank r was the
+  target's next token, learned online from every verified pass. Along the accepted path the target's
+  next token is known at every node (the next path node, then the bonus token), so every answer the
+  policy asked for at a path node is measured, whether its tokens were drafted or not;
+- the rates start from a pessimistic prior that falls with rank (``prior / (r + 1)``, ``weight``
+  pseudo-observations) and carry ``carry`` of what was learned into a set's next generation;
+- a candidate's score is the best rate among the sources that vouch for it (at the rank each gave it);
+  ties go to the better rank, then the smaller token id. Scores are therefore measured probabilities,
+  on one scale for every source.
+
+With a single successor source its answers pass through unchanged (ids, scores and order as the source
+gives them), so a ``pld + tr`` decoder's trees are what they were before merging existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class Successors(NamedTuple):
+    """What :meth:`goose.DraftContext.successors` returns: candidate ids best first, a score each, and per
+    id the names of the sources that proposed it (sorted; one name when a single source answered)."""
+
+    ids: Sequence[int]
+    scores: Sequence[float]
+    sources: Sequence[tuple[str, ...]]
+
+
+
+class BranchRates:
+    """Per source and rank, how often a successor answer's token was the target's (module docstring)."""
+
+    def __init__(self, prior: float = 0.2, weight: float = 4.0, max_rank: int = 16, carry: float = 0.5):
+        self.prior, self.weight, self.max_rank, self.carry = prior, weight, max_rank, carry
+        self.hits: dict[str, list[float]] = {}
+        self.trials: dict[str, list[float]] = {}
+        self._table: dict[str, list[float]] = {}  # memo of rate() per source, dropped when anything is booked
+
+    def begin(self, fresh: bool = False) -> None:
+        """A generation starts: keep ``carry`` of what was learned (none of it when ``fresh``)."""
+        k = 0.0 if fresh else self.carry
+        for table in (self.hits, self.trials):
+            for key, row in table.items():
+                table[key] = [v * k for v in row]
+        self._table.clear()
+
+    def rates(self, source: str) -> list[float]:
+        """``[max_rank]``: the source's measured rate at each rank, shrunk toward the prior."""
+        row = self._table.get(source)
+        if row is None:
+            h, t = self.hits.get(source), self.trials.get(source)
+            w, p = self.weight, self.prior
+            row = [((h[r] if h else 0.0) + p / (r + 1) * w) / ((t[r] if t else 0.0) + w) for r in range(self.max_rank)]
+            self._table[source] = row
+        return row
+
+    def rate(self, source: str, rank: int) -> float:
+        return self.rates(source)[min(rank, self.max_rank - 1)]
+
+    def merge(self, answers: Sequence[tuple[str, Sequence[int]]]) -> Successors:
+        """One ranked candidate list from ``[(source, ids best first), ...]`` (see the module docstring)."""
+        best: dict[int, list] = {}  # token -> [score, best rank, sources]
+        cap = self.max_rank - 1
+        for source, ids in answers:
+            row = self.rates(source)
+            for r, t in enumerate(ids):
+                p = row[r if r < cap else cap]
+                e = best.get(t)
+                if e is None:
+                    best[t] = [p, r, [source]]
+                else:
+                    if p > e[0]:
+                        e[0] = p
+                    if r < e[1]:
+                        e[1] = r
+                    e[2].append(source)
+        order = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0]))
+        return Successors([t for t, _ in order], [e[0] for _, e in order], [tuple(sorted(e[2])) for _, e in order])
+
+    def book(self, asked: dict, root_prev: int | None, tokens: Sequence[int], parents: Sequence[int],
+             path: Sequence[int], bonus: int | None) -> None:
+        """Book every answer asked for at a node of the accepted ``path`` against the target's next token
+        there. ``asked``: ``{(token, prev): ((source, ids, scores), ...)}`` as the step's context recorded it;
+        ``root_prev``: the ``prev`` the root was asked with."""
+        if not asked:
+            return
+        cap = self.max_rank
+        for k, node in enumerate(path):
+            nxt = tokens[path[k + 1]] if k + 1 < len(path) else bonus
+            if nxt is None:
+                break
+            prev = root_prev if node == 0 else tokens[parents[node]]
+            answers = asked.get((tokens[node], prev))
+            if not answers:
+                continue
+            for source, ids, _ in answers:
+                h = self.hits.get(source)
+                if h is None:
+                    h = self.hits[source] = [0.0] * cap
+                    self.trials[source] = [0.0] * cap
+                t = self.trials[source]
+                for r in range(min(len(ids), cap)):  # ids are distinct: at most one rank hits
+                    t[r] += 1.0
+                    if ids[r] == nxt:
+                        h[r] += 1.0
+        self._table.clear()
+
+    def snapshot(self) -> dict:
+        """``{source: [rate at rank 0, 1, 2]}`` for the stats, for sources measured at all."""
+        return {s: [round(x, 3) for x in self.rates(s)[:3]] for s in sorted(self.trials) if sum(self.trials[s])}
