@@ -68,7 +68,7 @@ class _Live:
     sources: list[DraftSource]
     tokens: list[int]  # every token known (prompt + accepted), as the last call saw them
     prompt_len: int
-    chains: dict = field(default_factory=dict)  # {source: (confident?, chain)} laid out last call
+    chains: dict = field(default_factory=dict)  # {source: (tier floor, chain)} laid out last call
     drafted: list = field(default_factory=list)  # what was returned to vLLM last call
     step: int = 0
     prev_anchor: int | None = None

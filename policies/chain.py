@@ -6,7 +6,7 @@ from pydantic import Field
 
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, Options, TreePolicy
-from goose.policies.merge import SourceRates, gather, rank
+from goose.policies.merge import SourceRates, gather, load_tiers, rank
 from goose.tree import DraftTree
 
 
@@ -37,6 +37,9 @@ class ChainPolicy(TreePolicy):
 
     def consulted(self, sources):
         return frozenset({self.options.source}) if self.options.source else None
+
+    def bind(self, sources) -> None:
+        load_tiers(self.rates, sources)
 
     def begin(self, request) -> None:
         self.rates.begin(fresh=request is None)

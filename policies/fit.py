@@ -138,12 +138,13 @@ class FitOptions(Options):
         description="with pool_routes: a bypass route's depths 2 and deeper borrow from every confidence tier of "
         "its lead source (depth 1 from its own tier only); False: from its own tier only",
     )
-    source_priors: dict[str, list[tuple[float, float, float]]] = Field(
-        default_factory=lambda: {"pld": [(1.0, 0.7, 0.9), (0.7, 0.45, 0.9)]},
+    source_priors: dict[str, list[tuple[float, float, float]]] | None = Field(
+        None,
         description="where a chain source's spine rates start, by the confidence of its chain this step: "
         "{source: [(min confidence, p_1, p_deeper), ...]}, the first tier the chain's confidence reaches wins; a tier's "
         "chains are learned apart from the source's other chains (route 'spine@pld^1'), shrunk toward (p_1, p_deeper) "
-        "instead of `prior`. The pld tiers are calibrated on the tune split (docs/results.md); {}: every spine starts at `prior`",
+        "instead of `prior`. None: each source's tiers as `goose tiers` measured and stored them (pld's ship with "
+        "Goose); {}: every spine starts at `prior`",
     )
     continuation: bool = Field(
         True,
@@ -161,6 +162,8 @@ class FitOptions(Options):
     @field_validator("source_priors")
     @classmethod
     def _tiers(cls, v):
+        if v is None:
+            return v
         # pydantic has made each tier a (float, float, float); what is left is the range and the order
         for source, tiers in v.items():
             for t in tiers:
@@ -216,18 +219,28 @@ class FitPolicy(TreePolicy):
             items = sorted((int(k), float(v)) for k, v in o.latency.items())
             self.curve = LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
         self._t: list[float] | None = None  # the curve's latency by tree size (attach, or the first fit)
-        # (lead source, tier) -> (p_1, p_deeper): where that tier's spine rates start
-        self._starts = {
-            (source, floor): (p1, deeper) for source, tiers in o.source_priors.items() for floor, p1, deeper in tiers
-        }
+        # {source: tiers} (None: each bound source's stored tiers, read at bind) and (lead source, tier) -> (p_1,
+        # p_deeper): where that tier's spine rates start
+        self._set_priors(o.source_priors or {})
         self.acc: Counter = Counter()  # per-class rates (a tree the acceptance model cannot read)
         self.trials: Counter = Counter()
         self.observed: Counter = Counter()  # latency, calibration and exploration sums (carried)
         self.route_counts: dict[Route, Counts] = {}  # acceptance counts per route (begin starts them)
         self.begin(None)
 
+    def _set_priors(self, priors: dict) -> None:
+        self.priors = priors
+        self._starts = {
+            (source, floor): (p1, deeper) for source, tiers in priors.items() for floor, p1, deeper in tiers
+        }
+
     def bind(self, sources: Sequence[DraftSource]) -> None:
         self.inner.bind(sources)
+        if self.options.source_priors is None:  # the tiers `goose tiers` stored for each chain source
+            from goose import tiers
+
+            found = {s.name: tiers.load(s.name, getattr(s, "version", "1")) for s in sources}
+            self._set_priors({name: sorted(t, key=lambda x: -x[0]) for name, t in found.items() if t})
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         return self.inner.consulted(sources)
@@ -335,7 +348,7 @@ class FitPolicy(TreePolicy):
             return tree
         parents = tree.parents
         n = tree.num_nodes
-        route, view = _per_source(tree, self.options.source_priors)
+        route, view = _per_source(tree, self.priors)
         model = self._model(route)
         spine = _spine_tokens(tree) if self.options.shadow else None
         continued = self._continues(spine) if spine and self.options.continuation else None
@@ -503,7 +516,7 @@ class FitPolicy(TreePolicy):
             from goose.theory.calibrate import count_step
 
             try:
-                route, view = _per_source(tree, self.options.source_priors)
+                route, view = _per_source(tree, self.priors)
                 count_step(self.route_counts[route], view.parents, view.origins, verified.path)
                 self._stale(route)
             except ValueError:  # a tree outside the model: its per-class counts below still learn

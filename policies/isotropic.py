@@ -32,7 +32,7 @@ from pydantic import Field, field_validator
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, TreePolicy
-from goose.policies.merge import CHAIN, SPINE, Drafted, MergingPolicy, gather, rank, spine_and_successors
+from goose.policies.merge import CHAIN, SPINE, TRUST_MIN, Drafted, MergingPolicy, gather, rank, spine_and_successors
 from goose.policies.spine import BRANCH, ROOT_BRANCH
 from goose.tree import ROOT, DraftTree
 
@@ -48,6 +48,11 @@ class IsotropicOptions(Options):
         True, description="budget + int(confidence * extension), as the spine policy (off: base budget)"
     )
     extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use")
+    trust_min: float = Field(
+        TRUST_MIN, ge=0.0, le=1.0,
+        description="a chain's confidence buys the extension only while its (source, confidence tier) has a measured "
+        "depth-1 rate of at least this",
+    )
     min_score: float = Field(0.01, ge=0.0, lt=1.0, description="successors scoring below this are not drafted")
 
 
@@ -70,7 +75,7 @@ class IsotropicPolicy(MergingPolicy):
         if not o.confidence:
             chains = [Drafted(d.source, d.tokens[: d.base] if d.base else d.tokens, 0.0, d.base) for d in chains]
         ranked = rank(chains, self.rates, self._spine)
-        conf = ranked[0].confidence if ranked and o.confidence else 0.0
+        conf = self.trusted(ranked[0]) if ranked else 0.0
         budget = ctx.budget + int(conf * o.extension)
         root = ctx.successors(anchor, st.prev_anchor)
         meta = {"chains": {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked},

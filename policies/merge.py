@@ -63,14 +63,31 @@ class Drafted:
 
 
 class SourceRates:
-    """Per-source, per-depth acceptance of chain tokens, learned online (see the module docstring)."""
+    """Per-source, per-confidence-tier, per-depth acceptance of chain tokens, learned online (module docstring).
+
+    A chain's **tier** is the first of its source's tier floors its reported confidence reaches (0.0 below
+    them all): the floors of the source's measured tiers (``goose tiers``, :meth:`set_tiers`), else
+    ``(confident,)``. The reported confidence only chooses the tier; what the tier is worth is measured.
+    A tier with measured priors starts at them (p_1 at depth 1, p_deeper deeper), any other at ``prior``."""
 
     def __init__(self, prior: float = 0.25, weight: float = 4.0, max_depth: int = 16, confident: float = 1.0,
                  carry: float = 0.5):
         self.prior, self.weight, self.max_depth, self.confident, self.carry = prior, weight, max_depth, confident, carry
         self.hits: dict = defaultdict(lambda: [0.0] * max_depth)
         self.trials: dict = defaultdict(lambda: [0.0] * max_depth)
+        self.floors: dict[str, tuple[float, ...]] = {}  # source -> its tiers' floors, highest first
+        self.starts: dict[tuple[str, float], tuple[float, float]] = {}  # (source, floor) -> (p_1, p_deeper)
         self._memo: dict = {}
+
+    def set_tiers(self, source: str, tiers) -> None:
+        """``tiers``: ``[(floor, p_1, p_deeper), ...]`` measured for ``source`` (None or empty: none)."""
+        if not tiers:
+            return
+        tiers = sorted(tiers, key=lambda t: -t[0])
+        self.floors[source] = tuple(float(t[0]) for t in tiers)
+        for floor, p1, deeper in tiers:
+            self.starts[source, float(floor)] = (float(p1), float(deeper))
+        self._memo.clear()
 
     def begin(self, fresh: bool) -> None:
         """A generation starts: keep ``carry`` of what was learned (all of it dropped when ``fresh``)."""
@@ -80,14 +97,31 @@ class SourceRates:
                 table[key] = [v * k for v in table[key]]
         self._memo.clear()
 
-    def key(self, source: str, confidence: float) -> tuple[str, bool]:
-        return source, confidence >= self.confident
+    def key(self, source: str, confidence: float) -> tuple[str, float]:
+        """``(source, tier floor)`` of a chain with this reported confidence."""
+        for floor in self.floors.get(source, (self.confident,)):
+            if confidence >= floor:
+                return source, floor
+        return source, 0.0
+
+    def start(self, key, depth: int) -> float:
+        """Where the rate of ``key`` at ``depth`` starts: its tier's measured prior, else ``prior``."""
+        st = self.starts.get(key)
+        return self.prior if st is None else st[0] if depth <= 1 else st[1]
 
     def rate(self, key, depth: int) -> float:
         d = min(depth, self.max_depth) - 1
         h, t = self.hits.get(key), self.trials.get(key)
         hit, trial = (h[d], t[d]) if h is not None else (0.0, 0.0)
-        return (hit + self.prior * self.weight) / (trial + self.weight)
+        return (hit + self.start(key, depth) * self.weight) / (trial + self.weight)
+
+    def trusted(self, drafted: Drafted | None, trust_min: float) -> float:
+        """The confidence ``drafted`` may spend on budget, spine share and bypass: its reported confidence
+        while its (source, tier) has earned a depth-1 rate of at least ``trust_min``, else 0."""
+        if drafted is None or drafted.confidence <= 0.0:
+            return 0.0
+        key = self.key(drafted.source, drafted.confidence)
+        return drafted.confidence if self.rate(key, 1) >= trust_min else 0.0
 
     def reach(self, key, n: int, start: int = 0) -> list[float]:
         """``[n]``: the probability that the chain is right through depth ``start + j + 1``, given
@@ -137,10 +171,10 @@ class SourceRates:
         self.book(chains, target)
 
     def book(self, chains: dict, target: Sequence[int]) -> None:
-        """Book ``chains`` (``{source: (confident?, tokens)}``) against the target's tokens after the
+        """Book ``chains`` (``{source: (tier floor, tokens)}``) against the target's tokens after the
         anchor (``target[d]`` is the target's token at depth d + 1), each until its first miss."""
-        for source, (confident, chain) in chains.items():
-            key = (source, confident)
+        for source, (floor, chain) in chains.items():
+            key = (source, floor)
             h, t = self.hits[key], self.trials[key]
             for d in range(min(len(chain), len(target))):
                 j = min(d, self.max_depth - 1)
@@ -151,12 +185,25 @@ class SourceRates:
         self._memo.clear()
 
     def snapshot(self) -> dict:
-        """``{source[/confident]: [rate at depth 1, 2, 3]}`` for the stats."""
+        """``{source^tier: [rate at depth 1, 2, 3]}`` for the stats (``pld^1``: pld's chains of confidence >= 1)."""
         out = {}
-        for (source, confident), t in sorted(self.trials.items()):
+        for (source, floor), t in sorted(self.trials.items()):
             if sum(t):
-                out[source + ("/confident" if confident else "")] = [round(self.rate((source, confident), d), 3) for d in (1, 2, 3)]
+                out[f"{source}^{floor:g}"] = [round(self.rate((source, floor), d), 3) for d in (1, 2, 3)]
         return out
+
+
+TRUST_MIN = 0.2  # the depth-1 rate below which a (source, tier)'s confidence buys nothing (policies' trust_min)
+
+
+def load_tiers(rates: SourceRates, sources: Sequence[DraftSource]) -> None:
+    """Give ``rates`` every source's measured confidence tiers (``goose tiers``; goose.tiers.load by the
+    source's name and version), where it has any."""
+    from goose import tiers
+
+    for s in sources:
+        if not s.provides_successors or type(s).propose is not DraftSource.propose:
+            rates.set_tiers(s.name, tiers.load(s.name, getattr(s, "version", "1")))
 
 
 def chain_sources(sources: Sequence[DraftSource]) -> tuple[str, ...]:
@@ -244,7 +291,7 @@ class Merged:
     confidence: float  # the spine source's confidence this step
     leader: Drafted | None  # the spine's source
     sides: list[tuple[Drafted, int]]  # (chain, fork depth: it agrees with the spine on that many tokens)
-    chains: dict  # {source: (confident?, tokens)} of every chain laid out (tree.meta["chains"], for SourceRates.observe)
+    chains: dict  # {source: (tier floor, tokens)} of every chain laid out (tree.meta["chains"], for SourceRates.observe)
 
 
 def merge(ranked: Sequence[Drafted], rates: SourceRates, alts: Sequence[Drafted] = ()) -> Merged:
@@ -400,7 +447,15 @@ class MergingPolicy(TreePolicy):
         forced = self.options.spine_source
         self._spine = resolve_spine_source(self.name, forced, sources) if forced else None
         self._chains = chain_sources(sources)
+        load_tiers(self.rates, sources)
         self._bound = True
+
+    def trusted(self, drafted: Drafted | None) -> float:
+        """The confidence ``drafted`` may spend (extension, spine share, bypass): :meth:`SourceRates.trusted`
+        at this policy's ``trust_min``; 0 with the ``confidence`` option off."""
+        if not self.options.confidence:
+            return 0.0
+        return self.rates.trusted(drafted, self.options.trust_min)
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         return frozenset(s.name for s in sources)  # every chain merges into the tree, every successor source branches

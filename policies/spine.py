@@ -53,8 +53,8 @@ from goose.branches import Successors
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.policies.merge import (
-    CHAIN, SPINE, Drafted, Merged, MergingPolicy, SourceRates, Trie, first_chain, gather, gather_alternatives, merge, rank,
-    resolve_spine_source,
+    CHAIN, SPINE, TRUST_MIN, Drafted, Merged, MergingPolicy, SourceRates, Trie, chain_sources, gather, gather_alternatives,
+    load_tiers, merge, rank, resolve_spine_source,
 )
 from goose.tree import ROOT, DraftTree
 
@@ -120,6 +120,11 @@ class SpineOptions(Options):
         "shift and chain extension (off: base budget, the unextended match, no bypass)",
     )
     extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use")
+    trust_min: float = Field(
+        TRUST_MIN, ge=0.0, le=1.0,
+        description="a chain's confidence buys extension, spine share and bypass only while its (source, "
+        "confidence tier) has a measured depth-1 rate of at least this (the reported confidence picks the tier)",
+    )
     tiers: tuple[float, float, float] = Field(
         (0.15, 0.30, 0.50), description="base spine share of the budget at low / medium / high spine acceptance"
     )
@@ -188,7 +193,7 @@ class SpinePolicy(MergingPolicy):
             self.bind(ctx.sources)
         o = self.options
         merged = self.lay_out(ctx)
-        conf = merged.confidence
+        conf = self.trusted(merged.leader)
         budget = ctx.budget + int(conf * o.extension)
         root = ctx.successors(ctx.state.anchor, ctx.state.prev_anchor, 1 if o.coupled else None)
         if merged.leader is not None:
@@ -381,7 +386,8 @@ class BypassOptions(Options):
     inner: str = Field("spine-tree", description="registered policy to wrap (e.g. 'spine-tree', 'iso3')")
     inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy")
     spine_source: str | None = Field(
-        None, description="source whose chain may bypass the tree; None: the first non-successor source"
+        None, description="source whose chain may bypass the tree; None: the chain with the most expected "
+        "accepted tokens under each source's measured acceptance (the inner policy's spine when it merges chains)"
     )
     min_confidence: float = Field(
         1.0, ge=0.0, le=1.0, description="bypass at this confidence or above (1.0: consensus)"
@@ -393,6 +399,11 @@ class BypassOptions(Options):
         "largest tree the inner policy may build (inner.max_nodes(budget) - 1), as in the reference",
     )
     max_chain: int = Field(100, ge=1, description="longest chain a bypass verifies (the longest extended chain)")
+    trust_min: float = Field(
+        TRUST_MIN, ge=0.0, le=1.0,
+        description="around a policy that does not merge chains: bypass only while the chain's (source, "
+        "confidence tier) has a measured depth-1 rate of at least this (a merging inner policy's own trust_min decides otherwise)",
+    )
 
 
 _NESTING = threading.local()  # .depth: bypass policies under construction in this thread (inner within inner)
@@ -419,20 +430,26 @@ class BypassPolicy(TreePolicy):
         finally:
             _NESTING.depth -= 1
         self._spine: str | None = None
+        self._chains: tuple[str, ...] = ()
         self._bound = False
         self._thresholds: dict[int, int] = {}
+        self.rates = SourceRates()  # around a policy that does not merge chains: which chain leads, its trust
         self.begin(None)
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
-        self._spine = resolve_spine_source(self.name, self.options.spine_source, sources)
+        o = self.options
+        self._spine = resolve_spine_source(self.name, o.spine_source, sources) if o.spine_source else None
+        self._chains = (self._spine,) if self._spine else chain_sources(sources)
+        load_tiers(self.rates, sources)
         self.inner.bind(sources)
         self._bound = True
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         inner = self.inner.consulted(sources)
-        if hasattr(self.inner, "lay_out"):  # bypasses with the inner policy's spine: consults what it consults
+        if hasattr(self.inner, "lay_out") or inner is None:  # bypasses with the inner policy's spine
             return inner
-        return None if inner is None else inner | ({self._spine} if self._spine else set())
+        o = self.options
+        return inner | ({o.spine_source} if o.spine_source else {s.name for s in sources if not s.provides_successors})
 
     def attach(self, model) -> None:
         self.inner.attach(model)
@@ -444,6 +461,7 @@ class BypassPolicy(TreePolicy):
         self.cycles = 0
         self.drafted = 0
         self.accepted = 0
+        self.rates.begin(fresh=request is None)
         if request is not None:
             self.inner.begin(request)
 
@@ -459,26 +477,29 @@ class BypassPolicy(TreePolicy):
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         if not self._bound:
             self.bind(ctx.sources)
+        o = self.options
         lay_out = getattr(self.inner, "lay_out", None)
-        if lay_out is not None:  # the inner policy merges every source's chain: bypass with its spine
+        if lay_out is not None:  # the inner policy merges every source's chain: bypass with its spine, its trust
             merged = lay_out(ctx)
             lead = merged.leader
-            if (lead is not None and lead.confidence >= self.options.min_confidence
+            if (lead is not None and lead.confidence >= o.min_confidence and self.inner.trusted(lead) > 0.0
                     and len(lead.tokens) >= self.threshold(ctx.budget)
-                    and (self.options.spine_source is None or lead.source == self.options.spine_source)):
+                    and (o.spine_source is None or lead.source == o.spine_source)):
                 tree = self._bypass_tree(ctx, lead.tokens, merged.spine_sources, lead.confidence, chains=merged.chains)
                 if tree is not None:
                     return tree
             return self.inner.shape(ctx)
-        name = self._spine
-        if name is not None:
-            prop = ctx.proposal(name)
-            if prop is not None and len(prop) and prop.confidence >= self.options.min_confidence:
-                chain = first_chain(prop)
-                if len(chain) >= self.threshold(ctx.budget):
-                    tree = self._bypass_tree(ctx, chain, ((name,),) * len(chain), prop.confidence)
-                    if tree is not None:
-                        return tree
+        # an inner policy that does not merge chains: the best-ranked chain under this policy's own measured rates
+        ranked = rank(gather(ctx, self._chains), self.rates)
+        if ranked:
+            lead = ranked[0]
+            if (lead.confidence >= o.min_confidence and self.rates.trusted(lead, o.trust_min) > 0.0
+                    and len(lead.tokens) >= self.threshold(ctx.budget)):
+                chains = {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}
+                tree = self._bypass_tree(ctx, lead.tokens, ((lead.source,),) * len(lead.tokens), lead.confidence,
+                                         chains=chains)
+                if tree is not None:
+                    return tree
         return self.inner.shape(ctx)
 
     def _bypass_tree(self, ctx: DraftContext, chain, vouching, confidence: float, **meta) -> DraftTree | None:
@@ -498,6 +519,8 @@ class BypassPolicy(TreePolicy):
             self.cycles += 1
             self.drafted += tree.num_nodes - 1
             self.accepted += len(verified.path) - 1
+        if tree is not None and verified.kind == "tree" and not hasattr(self.inner, "lay_out"):
+            self.rates.observe(tree, verified.path, verified.bonus)  # the chains every tree laid out, where it says
         self.inner.observe(verified)
 
     def end(self, output) -> None:

@@ -690,6 +690,9 @@ def test_smoothed_rates_start_a_tier_at_its_calibrated_rates():
     assert m.p(1) == pytest.approx(0.8 / 12) and m.p(2) == pytest.approx(0.85)  # a miss at depth 1 says nothing deeper
 
 
+PLD_TIERS = {"pld": [(1.0, 0.7, 0.9), (0.7, 0.45, 0.9)]}  # the tiers these tests were written with
+
+
 def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
     from goose.policies.fit import FitOptions, FitPolicy, Route, _per_source
     from goose.tree import DraftTree
@@ -698,7 +701,7 @@ def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
         return DraftTree.build((7, 1, 2, 3), (-1, 0, 1, 2), ("root", "spine", "spine", "spine"), None, route,
                                ((), (source,), (source,), (source,)), confidence=conf)
 
-    tiers = FitOptions().source_priors
+    tiers = PLD_TIERS
     assert _per_source(tree(1.0), tiers)[0] == Route("spine", "pld", 1.0)
     assert _per_source(tree(0.82), tiers)[0] == Route("spine", "pld", 0.7)
     assert _per_source(tree(0.3), tiers)[0] == Route("spine", "pld")  # below every tier: the source's plain route
@@ -729,7 +732,7 @@ def test_a_bypass_route_borrows_its_deeper_depths_from_every_tier_of_its_source(
     from goose.policies.fit import FitOptions, FitPolicy, Route
 
     def rates(pool_tiers, other=Route("spine", "pld", 0.7)):
-        pol = FitPolicy(FitOptions(latency=FLAT, pool_tiers=pool_tiers))
+        pol = FitPolicy(FitOptions(latency=FLAT, pool_tiers=pool_tiers, source_priors=PLD_TIERS))
         pol._model(Route("bypass", "pld", 1.0))  # cached before the counts change: _stale must drop it
         c = pol.route_counts[other]
         for d in range(1, 41):  # the tier-0.7 chains missed depth 1 half the time, then held to 40
@@ -763,7 +766,7 @@ class _Named(goose.DraftSource):
 
 
 @pytest.mark.parametrize("name, other, priors", [
-    ("pld^1", "pld", None),  # the default tiers: pld's tier-1.0 route is written spine@pld^1 as well
+    ("pld^1", "pld", None),  # pld's tiers: its tier-1.0 route is written spine@pld^1 as well
     ("my@src^1", "my@src", {"my@src": [(1.0, 0.7, 0.9)]}),  # written alike too
     ("my@src^2", "my@src", {"my@src": [(1.0, 0.7, 0.9)]}),  # written apart, but read as my@src's
 ])
@@ -774,7 +777,7 @@ def test_a_source_whose_name_looks_like_a_route_keeps_its_own_rates(name, other,
     bypass route; the output is greedy's."""
     from goose.policies.fit import FitOptions, FitPolicy, Route
 
-    opts = {"latency": FLAT, **({} if priors is None else {"source_priors": priors})}
+    opts = {"latency": FLAT, "source_priors": PLD_TIERS if priors is None else priors}
     dec = goose.compose(ToyCausalLM(16), None, sources=[_Named(name, True, 0), _Named(other, False, 1), "tr"],
                         policy="spine-fit", policy_options=opts, budget=24)
     prompt = [3, 1, 4, 1, 5]
