@@ -165,6 +165,20 @@ class Proposal:
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
+    def first_chain(self) -> tuple[int, ...]:
+        """The tokens as one chain: all of them for a chain, else the first root-to-leaf path (each node's
+        first child, from the root: where a source puts its likeliest continuation)."""
+        parents = self.parents
+        n = len(parents)
+        if n == 0 or parents[-1] == n - 2 and self.is_chain:
+            return self.tokens
+        out, node = [], -1
+        for i, p in enumerate(parents):
+            if p == node:
+                out.append(self.tokens[i])
+                node = i
+        return tuple(out)
+
     def as_tree(self, root: int, route: str | None = None) -> DraftTree:
         origins = self.origins or (self.source,) * len(self.tokens)
         return DraftTree.build(

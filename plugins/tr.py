@@ -40,7 +40,7 @@ import torch
 from pydantic import Field
 
 from goose.hookspecs import hookimpl
-from goose.interfaces import DraftSource, DraftState, Options, Proposal, Request, Verified
+from goose.interfaces import DraftSource, Options, Request, Verified
 
 _EMPTY: tuple[tuple[int, ...], tuple[float, ...]] = ((), ())
 
@@ -176,9 +176,6 @@ class TRSource(DraftSource):
         if not o.warm or t is None or t.vocab_size != request.vocab_size:
             self.table = TokenTable(request.vocab_size, o.k)
         self._reset_counters()
-
-    def propose(self, state: DraftState) -> Proposal | None:
-        return None  # drafts through successors(); see the module docstring
 
     def prefill_positions(self, prompt_len: int) -> int:
         o = self.options

@@ -38,17 +38,8 @@ CHAIN = "chain"  # origin of another source's chain where it leaves the spine
 
 
 def first_chain(prop: Proposal) -> tuple[int, ...]:
-    """A proposal's tokens as one chain: itself if it is a chain, else its first root-to-leaf path."""
-    parents = prop.parents
-    n = len(parents)
-    if n == 0 or parents[-1] == n - 2 and prop.is_chain:
-        return prop.tokens
-    out, node = [], -1
-    for i, p in enumerate(parents):
-        if p == node:
-            out.append(prop.tokens[i])
-            node = i
-    return tuple(out)
+    """A proposal's tokens as one chain (:meth:`goose.Proposal.first_chain`)."""
+    return prop.first_chain()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The ``goose`` command line: plugins, models, generate, bench, theory."""
+"""The ``goose`` command line: plugins, models, generate, bench, calibrate, tiers, theory."""
 
 from __future__ import annotations
 
@@ -187,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     gen_mod.add_parser(sub)
     bench_mod.add_parser(sub)
     bench_mod.add_report_parser(sub)
+
+    from goose.tools import tiers_cmd
+
+    tiers_cmd.add_parser(sub)
 
     sc = sub.add_parser("calibrate", help="measure the forward latency curve ahead of time (fit uses it)")
     sc.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
