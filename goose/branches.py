@@ -12,8 +12,10 @@ ordered by :class:`BranchRates`, never by the order of ``sources=[...]``:
 - the rates start from a pessimistic prior that falls with rank (``prior / (r + 1)``, ``weight``
   pseudo-observations) and carry ``carry`` of what was learned into a set's next generation;
 - a candidate's score is the best rate among the sources that vouch for it (at the rank each gave it);
-  ties go to the better rank, then the smaller token id. Scores are therefore measured probabilities,
-  on one scale for every source.
+  a candidate two or more sources give is scored by what such agreements have measured, per the best
+  rank any of them gave it, shrunk toward that best rate (agreement is evidence, and how much, is
+  measured too); ties go to the better rank, then the smaller token id. Scores are therefore measured
+  probabilities, on one scale for every source.
 
 With a single successor source its answers pass through unchanged (ids, scores and order as the source
 gives them), so a ``pld + tr`` decoder's trees are what they were before merging existed.
@@ -42,6 +44,8 @@ class BranchRates:
         self.prior, self.weight, self.max_rank, self.carry = prior, weight, max_rank, carry
         self.hits: dict[str, list[float]] = {}
         self.trials: dict[str, list[float]] = {}
+        # candidates two or more sources gave, by the best rank any gave them
+        self.agree_hits, self.agree_trials = [0.0] * max_rank, [0.0] * max_rank
         self._table: dict[str, list[float]] = {}  # memo of rate() per source, dropped when anything is booked
 
     def begin(self, fresh: bool = False) -> None:
@@ -50,7 +54,15 @@ class BranchRates:
         for table in (self.hits, self.trials):
             for key, row in table.items():
                 table[key] = [v * k for v in row]
+        self.agree_hits = [v * k for v in self.agree_hits]
+        self.agree_trials = [v * k for v in self.agree_trials]
         self._table.clear()
+
+    def agreed(self, rank: int, base: float) -> float:
+        """The rate of a candidate several sources gave, the best of them at ``rank``, shrunk toward ``base``
+        (the best of their own rates)."""
+        r = min(rank, self.max_rank - 1)
+        return (self.agree_hits[r] + base * self.weight) / (self.agree_trials[r] + self.weight)
 
     def rates(self, source: str) -> list[float]:
         """``[max_rank]``: the source's measured rate at each rank, shrunk toward the prior."""
@@ -82,6 +94,9 @@ class BranchRates:
                     if r < e[1]:
                         e[1] = r
                     e[2].append(source)
+        for e in best.values():
+            if len(e[2]) > 1:
+                e[0] = self.agreed(e[1], e[0])
         order = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0]))
         return Successors([t for t, _ in order], [e[0] for _, e in order], [tuple(sorted(e[2])) for _, e in order])
 
@@ -111,8 +126,31 @@ class BranchRates:
                     t[r] += 1.0
                     if ids[r] == nxt:
                         h[r] += 1.0
+            if len(answers) > 1:
+                self._book_agreements(answers, nxt)
         self._table.clear()
 
+    def _book_agreements(self, answers, nxt: int) -> None:
+        seen: dict[int, list] = {}  # token -> [best rank, how many sources gave it]
+        for _, ids, _ in answers:
+            for r, t in enumerate(ids):
+                e = seen.get(t)
+                if e is None:
+                    seen[t] = [r, 1]
+                else:
+                    e[0], e[1] = min(e[0], r), e[1] + 1
+        cap = self.max_rank - 1
+        for t, (r, n) in seen.items():
+            if n > 1:
+                r = min(r, cap)
+                self.agree_trials[r] += 1.0
+                if t == nxt:
+                    self.agree_hits[r] += 1.0
+
     def snapshot(self) -> dict:
-        """``{source: [rate at rank 0, 1, 2]}`` for the stats, for sources measured at all."""
-        return {s: [round(x, 3) for x in self.rates(s)[:3]] for s in sorted(self.trials) if sum(self.trials[s])}
+        """``{source: [rate at rank 0, 1, 2]}`` for the stats, for sources measured at all; ``"agreed"``: the
+        measured rate of candidates several sources gave, at best rank 0, 1, 2 (counts behind it)."""
+        out = {s: [round(x, 3) for x in self.rates(s)[:3]] for s in sorted(self.trials) if sum(self.trials[s])}
+        if sum(self.agree_trials):
+            out["agreed"] = [f"{h:.0f}/{t:.0f}" for h, t in zip(self.agree_hits[:3], self.agree_trials[:3])]
+        return out

@@ -112,6 +112,18 @@ def test_merge_ranks_by_measured_rate_and_vouches_both():
     assert list(m.ids) == list(rates.merge([("b", [6, 8]), ("a", [3, 4])]).ids)  # the order of the answers: no say
 
 
+def test_agreement_is_measured_and_scores_what_several_sources_give():
+    rates = BranchRates()
+    # a and b both give 5 (a at rank 1, b at rank 0); the target took 5 every time: agreements at best rank 0
+    for _ in range(10):
+        rates.book({(1, None): (("a", [3, 5], None), ("b", [5, 6], None))}, None, (1, 5), (-1, 0), (0, 1), None)
+    assert rates.agree_trials[0] == 10 and rates.agree_hits[0] == 10
+    m = rates.merge([("a", [3, 5]), ("b", [5, 6])])
+    assert m.ids[0] == 5 and m.sources[0] == ("a", "b")
+    # shrunk toward the best of the two rates (b's rank 0: 10 of 10) by the 10 agreements: (10 + base * 4) / 14
+    assert m.scores[0] == pytest.approx((10 + rates.rate("b", 0) * 4) / 14)
+
+
 def test_every_successor_source_is_asked_and_credited_in_both_orders():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     per = {}
@@ -123,7 +135,7 @@ def test_every_successor_source_is_asked_and_credited_in_both_orders():
     (a_src, a_trees), (b_src, b_trees) = per.values()
     assert a_trees == b_trees and a_src == b_src
     assert a_src["good"]["drafted"] > 0 and a_src["other"]["drafted"] > 0, a_src  # both consulted in both orders
-    assert "branch_rates" in outs[-1].stats.extra and set(outs[-1].stats.extra["branch_rates"]) == {"good", "other"}
+    assert "branch_rates" in outs[-1].stats.extra and {"good", "other"} <= set(outs[-1].stats.extra["branch_rates"])
 
 
 def test_one_successor_source_passes_its_answer_through():
