@@ -10,11 +10,17 @@ proposer drafts that chain with Goose's registered sources, per request:
 - every source's chain is merged as the ``spine`` policy merges them (``policies/merge.py``): the
   chain with the most expected accepted tokens under each source's **measured** acceptance leads,
   a chain that agrees with it and goes further extends it;
-- the chain is cut where its probability of still being right (the leader's measured per-depth
-  rates; an unmeasured depth inherits the rate of the depth above) falls below the **marginal
-  cost of a drafted token**, measured online: the engine step's time is fitted as
-  ``a + b * (rows verified)`` from the time between calls, and a token is drafted while its
-  expected gain per second ``reach / b`` beats the step's current tokens per second.
+- how many of each chain's tokens are drafted is decided for the **whole batch** at once
+  (:meth:`Proposer.plan`): every request's chain gives each depth its probability of still being
+  right (the leader's measured per-depth rates; an unmeasured depth inherits the rate of the depth
+  above), and the proposer drafts the set of tokens, most likely first across every request, that
+  maximises the batch's expected committed tokens (one per decoding request, plus the accepted
+  drafts) per second of the step that verifies them. The step's time as a function of the rows it
+  verifies is measured as the engine runs it (:class:`StepCost`: the time between calls, which
+  includes this proposer's own ``propose``, per bucket of rows, refitted as load changes), so a
+  compute-bound batch, where every drafted row costs about what a request's row costs, gets no
+  drafts, and a memory-bound one gets them. When no draft pays, every row gets none: the engine
+  runs as without speculation.
 
 Token recycling needs the target's logits, which vLLM's proposer interface does not pass; this
 proposer therefore drafts from context and history only (PLD-style sources: ``pld`` and
@@ -72,6 +78,7 @@ class _Live:
     drafted: list = field(default_factory=list)  # what was returned to vLLM last call
     step: int = 0
     prev_anchor: int | None = None
+    rows: int = 0  # rows this request was counted for in the step its last draft went into (0: none)
 
 
 class Proposer:
@@ -86,6 +93,8 @@ class Proposer:
 
     #: a fixed reach floor instead of the measured step cost (None: measured)
     min_reach: float | None = None
+    #: the clock steps are timed with (a simulated engine sets its own)
+    clock = staticmethod(perf_counter)
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
@@ -109,13 +118,15 @@ class Proposer:
         self.live: dict[int, _Live] = {}  # by batch row
         self.cost = StepCost()
         self.counts = {"steps": 0, "drafted": 0, "accepted": 0, "requests": 0, "freed": 0, "rematched": 0}
+        self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
+        self.propose_max_s = 0.0
 
     # -- vLLM's interface ------------------------------------------------------------------------
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner calls this with the target model; the sources need none."""
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list[list[int]]:
-        now = perf_counter()
+        now, wall = self.clock(), perf_counter()
         rows = len(sampled_token_ids)
         toks_np = token_ids_cpu.numpy() if hasattr(token_ids_cpu, "numpy") else np.asarray(token_ids_cpu)
         nts = np.asarray(num_tokens_no_spec).reshape(-1)
@@ -131,11 +142,13 @@ class Proposer:
             if st is not None:
                 self.live[i] = st
                 pending.append((i, st, row))
+        left = 0  # rows counted for the step just run whose request left before it ran (finished, aborted)
         for st in old.values():  # no row extends it: it left the batch
+            left += st.rows
             self._free(st)
-        rows_verified = 0
         out: list[list[int]] = [[] for _ in range(rows)]
         tokens_now = 0
+        laid: list[tuple[int, _Live, list[int], list[float]]] = []  # (row, state, chain, reach) per decoding request
         for i, st, row in pending:
             sampled = [int(t) for t in sampled_token_ids[i]]
             if st.chains and sampled:  # the target's tokens after the anchor of the last draft
@@ -147,14 +160,49 @@ class Proposer:
             tokens_now += len(sampled)
             if len(row) > len(st.tokens):
                 st.tokens.extend(int(t) for t in row[len(st.tokens) :])
-            st.chains, st.drafted = {}, []
+            st.chains, st.drafted, st.rows = {}, [], 0
             if not sampled:
                 continue  # not decoding this step (a prefill chunk): nothing to draft
-            out[i] = st.drafted = self._draft(st)
-            rows_verified += 1 + len(out[i])
-        self.cost.step(now, rows_verified, tokens_now)
+            chain, reach = self._draft(st)
+            laid.append((i, st, chain, reach))
+        counts = self.plan([r for _, _, _, r in laid])
+        rows_verified = 0
+        for (i, st, chain, _), n in zip(laid, counts):
+            out[i] = st.drafted = chain[:n]
+            st.rows = 1 + n
+            rows_verified += 1 + n
+            self.counts["drafted"] += n
+        self.cost.step(now, rows_verified, tokens_now, left)
         self.counts["steps"] += 1
+        spent = perf_counter() - wall
+        self.propose_s += spent
+        self.propose_max_s = max(self.propose_max_s, spent)
         return out
+
+    def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
+        """How many tokens each decoding request drafts this step, from each chain's reach (P(right through
+        depth d), non-increasing): the tokens are taken likeliest first across the batch, and the count
+        kept is the one that maximises ``(requests + sum of the reaches taken) / cost(requests + taken)``,
+        the batch's expected committed tokens per second (0 when none pays). With a fixed ``min_reach``, or
+        before the step cost has been measured, a token is drafted while its reach is at least that floor
+        (``start_reach`` before the measurement)."""
+        n = len(reaches)
+        if self.min_reach is not None or not self.cost.ready():
+            floor = self.min_reach if self.min_reach is not None else self.start_reach
+            return [next((d for d, r in enumerate(reach) if r < floor), len(reach)) for reach in reaches]
+        cands = sorted(((r, d, i) for i, reach in enumerate(reaches) for d, r in enumerate(reach)),
+                       key=lambda c: (-c[0], c[1], c[2]))
+        tokens = float(n)
+        best_k, best = 0, tokens / self.cost.cost(n)
+        for k, (r, _, _) in enumerate(cands, 1):
+            tokens += r
+            g = tokens / self.cost.cost(n + k)
+            if g > best:
+                best_k, best = k, g
+        counts = [0] * n
+        for r, d, i in cands[:best_k]:  # a request's depth d is taken only after its depth d - 1 (ties: shallower first)
+            counts[i] = max(counts[i], d + 1)
+        return counts
 
     # -- per request -----------------------------------------------------------------------------
     def _new(self, row: np.ndarray, n_sampled: int) -> _Live:
@@ -177,12 +225,14 @@ class Proposer:
     def _room(self, n: int) -> int:
         return self.k if self.max_model_len is None else max(0, min(self.k, self.max_model_len - n - 1))
 
-    def _draft(self, st: _Live) -> list[int]:
-        from goose.policies.merge import Drafted, first_chain, merge, rank
+    def _draft(self, st: _Live) -> tuple[list[int], list[float]]:
+        """This request's merged chain (cut to the room left) and its reach at each depth; ``([], [])`` when
+        no source proposes."""
+        from goose.policies.merge import Drafted, merge, rank
 
         room = self._room(len(st.tokens))
         if room <= 0:
-            return []
+            return [], []
         state = DraftState(tokens=TokenView(st.tokens), prompt_len=st.prompt_len, anchor=st.tokens[-1],
                            prev_anchor=st.prev_anchor, budget=self.k + 1, max_depth=room, step=st.step)
         st.step += 1
@@ -192,21 +242,16 @@ class Proposer:
             p = call_source(s, state, self.vocab_size or None)  # checked as it leaves the source, as in the loop
             if p is None or not p.tokens:
                 continue
-            chain = first_chain(p)
+            chain = p.first_chain()
             if chain:
                 drafted.append(Drafted(s.name, chain, float(p.confidence)))
         if not drafted:
-            return []
+            return [], []
         m = merge(rank(drafted, self.rates), self.rates)
         st.chains = m.chains
         key = self.rates.key(m.leader.source, m.leader.confidence)
-        reach = self.reach(key, min(room, len(m.spine)))
-        floor = self.min_reach if self.min_reach is not None else self.cost.min_reach(self.start_reach)
-        n = 0
-        while n < len(reach) and reach[n] >= floor:
-            n += 1
-        self.counts["drafted"] += n
-        return list(m.spine[:n])
+        n = min(room, len(m.spine))
+        return list(m.spine[:n]), self.reach(key, n)
 
     def reach(self, key, n: int) -> list[float]:
         """P(right through depth d) for d = 1..n: the leader's measured per-depth rates, an unmeasured
@@ -214,7 +259,10 @@ class Proposer:
         return self.rates.reach_inherited(key, n)
 
     def stats(self) -> dict:
-        return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "rates": self.rates.snapshot()}
+        steps = max(1, self.counts["steps"])
+        return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "cost_by_rows": self.cost.table(),
+                "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
+                "propose_ms_max": round(1e3 * self.propose_max_s, 3), "rates": self.rates.snapshot()}
 
 
 def _claim(old: dict[int, _Live], i: int, row: np.ndarray) -> tuple[_Live | None, bool]:
@@ -239,25 +287,53 @@ def _extends(row: np.ndarray, tokens: list[int]) -> bool:
 
 
 class StepCost:
-    """The engine step's time as ``a + b * rows`` (rows verified: one per decoding request plus its
-    drafted tokens), fitted by least squares over the time between consecutive ``propose`` calls,
-    with old steps decayed; and the tokens those steps produced."""
+    """The engine step's time as a function of the rows it verifies (one per decoding request plus its drafted
+    tokens), measured as the engine runs it: each ``propose`` call ends the step the previous call's drafts
+    went into, and the time between the calls is that step's (forward, sampling, rejection sampler, scheduler,
+    and this proposer's own ``propose``). Old steps are decayed, so the estimates follow the load.
+
+    - per bucket of rows (exact up to 8, then a quarter wider each), the decayed mean step time;
+    - a decayed least-squares line ``a + b * rows`` over every step, for rows no bucket has seen.
+
+    :meth:`cost` reads the buckets, interpolating between measured ones and extrapolating past the largest
+    with the line's slope (or in proportion to the rows while no slope can be read), never decreasing with
+    the rows."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 8):
         self.decay, self.min_steps = decay, min_steps
         self.s = np.zeros(6)  # sum w, w*x, w*x^2, w*y, w*x*y, w*tokens
         self.steps = 0
+        self.buckets: dict[int, list[float]] = {}  # bucket -> decayed [weight, sum of seconds, sum of rows]
         self._last: tuple[float, int] | None = None
+        self._memo: dict[int, float] = {}
 
-    def step(self, now: float, rows: int, tokens_now: int) -> None:
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return rows if rows <= 8 else 8 + int(np.log(rows / 8.0) / np.log(1.25))
+
+    def step(self, now: float, rows: int, tokens_now: int, left: int = 0) -> None:
+        """A call at ``now`` plans ``rows`` rows for the coming step; the step just run verified the rows
+        the last call planned, less ``left`` (those of requests that left the batch before it ran)."""
         last, self._last = self._last, (now, rows)
-        if last is None or last[1] == 0:
+        if last is None or last[1] - left <= 0:
             return
         dt = now - last[0]
-        x = float(last[1])
+        x = float(last[1] - left)
         self.s *= self.decay
         self.s += np.array([1.0, x, x * x, dt, x * dt, float(tokens_now)])
+        for v in self.buckets.values():
+            v[0] *= self.decay
+            v[1] *= self.decay
+            v[2] *= self.decay
+        e = self.buckets.setdefault(self.bucket(int(x)), [0.0, 0.0, 0.0])
+        e[0] += 1.0
+        e[1] += dt
+        e[2] += x
         self.steps += 1
+        self._memo.clear()
+
+    def ready(self) -> bool:
+        return self.steps >= self.min_steps
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b) in seconds, or None while unmeasured or degenerate."""
@@ -271,9 +347,37 @@ class StepCost:
         a = (sy - b * sx) / w
         return float(a), float(max(b, 0.0))
 
+    def cost(self, rows: int) -> float:
+        """Seconds of a step verifying ``rows`` rows (see the class docstring); call once :meth:`ready`."""
+        c = self._memo.get(rows)
+        if c is not None:
+            return c
+        pts = sorted((v[2] / v[0], v[1] / v[0]) for v in self.buckets.values() if v[0] > 0.05)
+        below = [(x, y) for x, y in pts if x <= rows]
+        above = [(x, y) for x, y in pts if x > rows]
+        floor = max((y for _, y in below), default=0.0)  # never cheaper than a smaller measured step
+        if below and above:
+            (x0, y0), (x1, y1) = below[-1], above[0]
+            c = y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+        elif below:
+            x0, y0 = below[-1]
+            f = self.fit()
+            c = y0 + f[1] * (rows - x0) if f is not None else y0 * rows / x0
+        else:
+            x1, y1 = above[0]
+            c = y1 * rows / x1 if rows > 0 else y1
+        c = max(c, floor, 1e-9)
+        self._memo[rows] = c
+        return c
+
+    def table(self) -> dict:
+        """``{rows: mean ms}`` of the buckets measured, for the stats."""
+        return {round(v[2] / v[0], 1): round(1e3 * v[1] / v[0], 2) for _, v in sorted(self.buckets.items()) if v[0] > 0.05}
+
     def min_reach(self, default: float) -> float:
         """A drafted token pays when its probability of being accepted, per second of its cost,
-        beats the tokens per second the steps now give: reach >= b * tokens / time."""
+        beats the tokens per second the steps now give: reach >= b * tokens / time (the linear view; the
+        proposer plans with :meth:`cost`)."""
         f = self.fit()
         if f is None:
             return default

@@ -322,3 +322,72 @@ def test_proposals_are_checked_as_they_leave_a_source_and_drafts_stay_inside_the
     p = Proposer(config(k=8, max_len=33), sources=[Tame()], min_reach=0.0)
     assert p.propose([[5]], np.array([20]), np.zeros((1, 40), dtype=np.int64))[0] == [1, 2, 3, 4]
     assert p.propose([[5]], np.array([32]), np.zeros((1, 40), dtype=np.int64))[0] == []  # no room left
+
+
+# -- the batch's drafting decision on simulated step costs ---------------------------------------
+class TimedEngine(Engine):
+    """The fake engine with a clock: each step takes ``cost(rows verified)`` seconds, rows being one per
+    decoding request plus the tokens drafted for it (what the proposer's own clock reads between calls)."""
+
+    def __init__(self, proposer, cost, rows=40):
+        super().__init__(proposer, rows=rows)
+        self.t, self.cost, self.rows_log = 0.0, cost, []
+        proposer.clock = lambda: self.t
+
+    def step(self):
+        verified = sum(1 + len(self.req[r]["draft"]) for r in self.rows if r not in self.done and not self.req[r]["new"])
+        self.t += self.cost(max(1, verified))
+        self.rows_log.append(verified)
+        return super().step()
+
+
+def run_batch(cost, n_req=16, length=120, seed=0, k=8):
+    p = Proposer(config(k=k, max_len=600), sources=["pld"])
+    eng = TimedEngine(p, cost)
+    targets = {}
+    for j in range(n_req):
+        full = text(seed + j, 40 + length)
+        eng.add(f"r{j}", full[:40], full[40:])
+        targets[f"r{j}"] = full
+    drafted = []
+    while eng.rows:
+        _, d = eng.step()
+        drafted.append(sum(len(x) for x in d))
+    # every request's text is the engine's target: the proposer only ever shortened the steps
+    assert all(eng.req[r]["have"] == len(targets[r]) for r in targets)
+    return p, drafted, eng
+
+
+def test_a_compute_bound_batch_gets_no_drafts():
+    """Every row costs what a request's row costs (time proportional to rows): no drafted token can pay, so
+    once the cost is measured nothing is drafted and the engine runs as without speculation."""
+    p, drafted, _ = run_batch(lambda rows: 0.004 * rows)
+    assert p.cost.ready() and sum(drafted[p.cost.min_steps + 2:]) == 0, drafted
+
+
+def test_a_memory_bound_batch_gets_drafts_and_they_pay():
+    """Up to 256 rows a step costs the same (the weights are read once); drafts are planned and accepted."""
+    p, drafted, eng = run_batch(lambda rows: 0.05 if rows <= 256 else 0.05 + 0.004 * (rows - 256))
+    late = drafted[p.cost.min_steps + 2:]
+    assert sum(late) > 0 and eng.accepted > 0, drafted
+    _, without, _ = run_batch(lambda rows: 0.004 * rows)  # the same texts, no drafts after the start
+    assert len(drafted) < len(without), (len(drafted), len(without))
+
+
+def test_between_the_two_only_what_pays_is_drafted():
+    """A knee at 24 rows with 16 requests: drafting is capped near the knee, not at k per request."""
+    p, drafted, eng = run_batch(lambda rows: 0.05 if rows <= 24 else 0.05 + 0.01 * (rows - 24))
+    late = [r for r in eng.rows_log[p.cost.min_steps + 2:] if r]
+    assert late and max(late) <= 26, late
+
+
+def test_plan_takes_the_likeliest_tokens_across_the_batch():
+    p = Proposer(config(), sources=["pld"])
+    c = p.cost
+    # measured: flat up to 4 rows, then 0.1 s a row
+    c.buckets = {c.bucket(r): [1.0, 0.1 + 0.1 * max(0, r - 4), float(r)] for r in (1, 2, 3, 4, 6, 8)}  # [w, s, rows]
+    c.steps, c._memo = 20, {}
+    # two requests: one sure chain, one unsure: the sure one is drafted as far as the flat part allows
+    counts = p.plan([[0.99, 0.98, 0.97, 0.96], [0.2, 0.1]])
+    assert counts == [2, 0], counts
+    assert p.plan([[], []]) == [0, 0]
