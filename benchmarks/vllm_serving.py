@@ -112,6 +112,9 @@ def main() -> int:
         return 0
     configs = [c for c in configs if c[0] == args.one]
     rows, outputs = [], {}
+    trace = f"{args.out}.trace"
+    if args.one == "goose":  # the proposer writes its steps there (goose.vllm.ENV_TRACE): its own time per step
+        os.environ["GOOSE_VLLM_TRACE"] = trace
     for name, spec in configs:
         t0 = time.perf_counter()
         kw = {"speculative_config": spec} if spec else {}
@@ -126,6 +129,7 @@ def main() -> int:
             groups = dict(sets) if c == 1 else {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
             for ds, chats in groups.items():
                 before = spec_metrics(llm)
+                seen = len(read_trace(trace))
                 t = time.perf_counter()
                 outs = []
                 for j in range(0, len(chats), c):
@@ -143,7 +147,7 @@ def main() -> int:
                            tok_s=round(n / dt, 2), speedup=round(n / dt / base, 3) if base else None,
                            accepted_per_draft=round(acc / drafts, 3) if drafts else None,
                            acceptance=round(acc / drafted, 3) if drafted else None, identical=same,
-                           engine_start_s=round(start, 1))
+                           engine_start_s=round(start, 1), **propose_time(read_trace(trace)[seen:]))
                 rows.append(row)
                 outputs[f"{ds}|{c}"] = toks
         del llm
@@ -151,6 +155,27 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump({"rows": rows, "tokens": outputs}, f)
     return 0
+
+
+def read_trace(path: str) -> list:
+    """The proposer's steps written so far, ``[(decoding requests, rows planned, propose ms), ...]``."""
+    try:
+        with open(path) as f:
+            return json.load(f)["steps"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def propose_time(steps: list) -> dict:
+    """Goose's proposer in one phase: its ms per step (mean, and at the steps' largest batch), the batch,
+    and the drafted rows per decoding request."""
+    if not steps:
+        return {}
+    ms = [s[2] for s in steps]
+    top = max(s[0] for s in steps)
+    full = [s[2] for s in steps if s[0] == top]
+    return dict(propose_ms=round(sum(ms) / len(ms), 3), propose_ms_full_batch=round(sum(full) / len(full), 3),
+                batch_max=top, drafted_per_request=round(sum(s[1] - s[0] for s in steps) / max(1, sum(s[0] for s in steps)), 3))
 
 
 def goose_loop(args, sets) -> list[dict]:

@@ -439,6 +439,27 @@ def check_successors(source: str, token: int, ids: Sequence, scores: Sequence, v
     return ids, scores
 
 
+def _plainly_valid(prop: Proposal, vocab_size: int | None) -> bool:
+    """Whether ``prop`` passes every node check of :func:`check_proposal` as it is (plain int ids and parents,
+    in range, no duplicate siblings, finite scores, a float confidence): a bulk test, so that a valid
+    proposal costs a few passes over its nodes at C speed; anything else goes through the node-by-node
+    checks, which name what is wrong."""
+    tokens, parents = prop.tokens, prop.parents
+    n = len(tokens)
+    if type(prop.confidence) is not float or not n:
+        return False
+    if not all(type(t) is int for t in tokens) or not all(type(p) is int for p in parents):
+        return False
+    if min(tokens) < 0 or (vocab_size is not None and max(tokens) >= vocab_size):
+        return False
+    # a chain has one child per node: no sibling to repeat; a tree's parents come before their children
+    if not prop.is_chain and not (min(parents) >= -1 and all(p < i for i, p in enumerate(parents))
+                                  and len(set(zip(parents, tokens))) == n):
+        return False
+    sc = prop.scores
+    return sc is None or all(type(x) is float and math.isfinite(x) for x in sc)
+
+
 def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -> Proposal:
     """``prop`` as it leaves source ``source``, checked node by node (ids normalised to ints), or a
     :class:`DraftSourceError` naming the source, the proposal's node index and the value."""
@@ -459,6 +480,8 @@ def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -
     if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or not 0.0 <= c <= 1.0:
         bad(f"confidence={c!r} is not allowed: a finite number in [0, 1]",
             "0 when unsure; the policies give a confident chain more budget (docs/plugins.md)")
+    if _plainly_valid(prop, vocab_size):  # the common case, checked in bulk: every rule below holds
+        return prop
     limit = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocabulary size)"
     tokens = tuple(_as_id(t) for t in prop.tokens)
     seen: dict[tuple[int, int], int] = {}

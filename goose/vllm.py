@@ -57,6 +57,7 @@ from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source
 
 ENV_SOURCES = "GOOSE_VLLM_SOURCES"
+ENV_TRACE = "GOOSE_VLLM_TRACE"  # a file path: each step's (decoding requests, rows planned, propose ms) is written there
 
 
 @dataclass
@@ -95,6 +96,9 @@ class Proposer:
     min_reach: float | None = None
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
+    #: steps the sources rest (no drafting, the engine runs as without speculation) once a step's planned
+    #: gain did not pay for the time drafting it took; then they are asked again
+    rest_steps: int = 16
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
@@ -120,6 +124,11 @@ class Proposer:
         self.counts = {"steps": 0, "drafted": 0, "accepted": 0, "requests": 0, "freed": 0, "rematched": 0}
         self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
         self.propose_max_s = 0.0
+        self.resting = 0  # steps left to rest (rest_steps)
+        self.gain: float | None = None  # the last plan's expected relative gain in tokens per second
+        self.counts["rested"] = 0
+        self.trace_path = os.environ.get(ENV_TRACE) or None
+        self.trace: list[tuple[int, int, float]] = []
 
     # -- vLLM's interface ------------------------------------------------------------------------
     def load_model(self, *args, **kwargs) -> None:
@@ -163,8 +172,11 @@ class Proposer:
             st.chains, st.drafted, st.rows = {}, [], 0
             if not sampled:
                 continue  # not decoding this step (a prefill chunk): nothing to draft
-            chain, reach = self._draft(st)
+            chain, reach = self._draft(st) if not self.resting else ([], [])
             laid.append((i, st, chain, reach))
+        if self.resting:
+            self.resting -= 1
+            self.counts["rested"] += 1
         counts = self.plan([r for _, _, _, r in laid])
         rows_verified = 0
         for (i, st, chain, _), n in zip(laid, counts):
@@ -177,7 +189,24 @@ class Proposer:
         spent = perf_counter() - wall
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
+        if self.gain is not None and laid and self.cost.ready():
+            # drafting's expected gain this step did not pay for the time drafting it took: rest the sources
+            if self.gain * self.cost.cost(rows_verified) < spent:
+                self.resting = self.rest_steps
+        if self.trace_path is not None:
+            self._trace(len(laid), rows_verified, spent)
         return out
+
+    def _trace(self, decoding: int, rows: int, spent: float) -> None:
+        """Append this step to the trace; every 20 steps rewrite the trace file (JSON: steps and stats)."""
+        import json
+
+        self.trace.append((decoding, rows, round(spent * 1e3, 3)))
+        if len(self.trace) % 20 == 0:
+            tmp = self.trace_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"steps": self.trace, "stats": self.stats()}, f, default=str)
+            os.replace(tmp, self.trace_path)
 
     def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
         """How many tokens each decoding request drafts this step, from each chain's reach (P(right through
@@ -187,6 +216,7 @@ class Proposer:
         before the step cost has been measured, a token is drafted while its reach is at least that floor
         (``start_reach`` before the measurement)."""
         n = len(reaches)
+        self.gain = None
         if self.min_reach is not None or not self.cost.ready():
             floor = self.min_reach if self.min_reach is not None else self.start_reach
             return [next((d for d, r in enumerate(reach) if r < floor), len(reach)) for reach in reaches]
@@ -202,6 +232,8 @@ class Proposer:
         counts = [0] * n
         for r, d, i in cands[:best_k]:  # a request's depth d is taken only after its depth d - 1 (ties: shallower first)
             counts[i] = max(counts[i], d + 1)
+        if cands:
+            self.gain = best / (n / self.cost.cost(n)) - 1.0  # the plan's expected gain in tokens per second
         return counts
 
     # -- per request -----------------------------------------------------------------------------
@@ -296,8 +328,8 @@ class StepCost:
     - a decayed least-squares line ``a + b * rows`` over every step, for rows no bucket has seen.
 
     :meth:`cost` reads the buckets, interpolating between measured ones and extrapolating past the largest
-    with the line's slope (or in proportion to the rows while no slope can be read), never decreasing with
-    the rows."""
+    with the line's slope (or in proportion to the rows while no slope can be read), below the smallest along
+    the line (at most the smallest's time), never decreasing with the rows."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 8):
         self.decay, self.min_steps = decay, min_steps
@@ -363,9 +395,10 @@ class StepCost:
             x0, y0 = below[-1]
             f = self.fit()
             c = y0 + f[1] * (rows - x0) if f is not None else y0 * rows / x0
-        else:
+        else:  # fewer rows than any step measured: the line through every step, at most the smallest step's time
             x1, y1 = above[0]
-            c = y1 * rows / x1 if rows > 0 else y1
+            f = self.fit()
+            c = min(y1, f[0] + f[1] * rows) if f is not None else y1
         c = max(c, floor, 1e-9)
         self._memo[rows] = c
         return c

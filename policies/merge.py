@@ -140,9 +140,12 @@ class SourceRates:
 
     def expected(self, key, n: int) -> float:
         """Expected accepted tokens of an ``n``-token chain of this key."""
-        m = self._memo.get((key, n))
+        memo = self._memo.get(key)
+        if memo is None:
+            memo = self._memo[key] = {}
+        m = memo.get(n)
         if m is None:
-            m = self._memo[key, n] = sum(self.reach(key, n))
+            m = memo[n] = sum(self.reach(key, n))
         return m
 
     def observe(self, tree: DraftTree, path: Sequence[int], bonus: int | None) -> None:
@@ -166,6 +169,7 @@ class SourceRates:
         anchor (``target[d]`` is the target's token at depth d + 1), each until its first miss."""
         for source, (floor, chain) in chains.items():
             key = (source, floor)
+            self._memo.pop(key, None)  # only the booked keys' expectations change
             h, t = self.hits[key], self.trials[key]
             for d in range(min(len(chain), len(target))):
                 j = min(d, self.max_depth - 1)
@@ -173,7 +177,6 @@ class SourceRates:
                 if chain[d] != target[d]:
                     break
                 h[j] += 1.0
-        self._memo.clear()
 
     def snapshot(self) -> dict:
         """``{source^tier: [rate at depth 1, 2, 3]}`` for the stats (``pld^1``: pld's chains of confidence >= 1)."""

@@ -363,6 +363,8 @@ def test_a_compute_bound_batch_gets_no_drafts():
     once the cost is measured nothing is drafted and the engine runs as without speculation."""
     p, drafted, _ = run_batch(lambda rows: 0.004 * rows)
     assert p.cost.ready() and sum(drafted[p.cost.min_steps + 2:]) == 0, drafted
+    # and its sources rest: a plan that gains nothing does not pay for asking them
+    assert p.counts["rested"] > len(drafted) // 2, p.counts
 
 
 def test_a_memory_bound_batch_gets_drafts_and_they_pay():
@@ -370,6 +372,7 @@ def test_a_memory_bound_batch_gets_drafts_and_they_pay():
     p, drafted, eng = run_batch(lambda rows: 0.05 if rows <= 256 else 0.05 + 0.004 * (rows - 256))
     late = drafted[p.cost.min_steps + 2:]
     assert sum(late) > 0 and eng.accepted > 0, drafted
+    assert p.counts["rested"] < len(drafted) // 4, p.counts  # drafting pays: the sources are asked
     _, without, _ = run_batch(lambda rows: 0.004 * rows)  # the same texts, no drafts after the start
     assert len(drafted) < len(without), (len(drafted), len(without))
 
