@@ -96,9 +96,9 @@ class Proposer:
     min_reach: float | None = None
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
-    #: steps the sources rest (no drafting, the engine runs as without speculation) once the planned gain,
-    #: smoothed over the last steps, no longer pays for the time drafting takes; then they are asked again
-    rest_steps: int = 8
+    #: steps the sources rest (no drafting, the engine runs as without speculation) once a step's planned
+    #: gain did not pay for the time drafting it took; then they are asked again
+    rest_steps: int = 16
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
@@ -126,8 +126,6 @@ class Proposer:
         self.propose_max_s = 0.0
         self.resting = 0  # steps left to rest (rest_steps)
         self.gain: float | None = None  # the last plan's expected relative gain in tokens per second
-        self.gain_s: float | None = None  # smoothed: seconds a step's drafts are expected to save, and drafting's cost
-        self.spent_s: float | None = None
         self.counts["rested"] = 0
         self.trace_path = os.environ.get(ENV_TRACE) or None
         self.trace: list[tuple[int, int, float]] = []
@@ -192,13 +190,8 @@ class Proposer:
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
         if self.gain is not None and laid and self.cost.ready():
-            # what drafting is expected to gain per step (seconds) against what asking the sources costs, both
-            # smoothed over the last steps: when it does not pay for itself, the sources rest
-            w = 0.2
-            gained = self.gain * self.cost.cost(rows_verified)
-            self.gain_s = gained if self.gain_s is None else (1 - w) * self.gain_s + w * gained
-            self.spent_s = spent if self.spent_s is None else (1 - w) * self.spent_s + w * spent
-            if self.gain_s < self.spent_s:
+            # drafting's expected gain this step did not pay for the time drafting it took: rest the sources
+            if self.gain * self.cost.cost(rows_verified) < spent:
                 self.resting = self.rest_steps
         if self.trace_path is not None:
             self._trace(len(laid), rows_verified, spent)
