@@ -61,6 +61,9 @@ def main() -> int:
     ap.add_argument("--goose-loop", default="pld+tr/spine-fit", help="Goose's own loop for reference ('' to skip)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile; faster engine start)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature (0: greedy); sampled outputs are seeded per request but not "
+                    "expected to equal the no-speculation engine's (vLLM's rejection sampler draws differently)")
     ap.add_argument("--out", default="vllm-serving.json")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one configuration, write --out
     args = ap.parse_args()
@@ -121,7 +124,8 @@ def main() -> int:
         llm = vllm.LLM(model=path, dtype="float32", max_model_len=4096, seed=0, max_num_seqs=max(conc),
                        enforce_eager=args.eager, disable_log_stats=False, **kw)
         start = time.perf_counter() - t0
-        sp = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+        sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                                 seed=0 if args.temperature > 0 else None)
         llm.chat(sets[next(iter(sets))][:1], sp, use_tqdm=False)  # warm-up
         for c in conc:
             # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved,
