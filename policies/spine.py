@@ -440,7 +440,8 @@ class BypassPolicy(TreePolicy):
         o = self.options
         self._spine = resolve_spine_source(self.name, o.spine_source, sources) if o.spine_source else None
         self._chains = (self._spine,) if self._spine else chain_sources(sources)
-        load_tiers(self.rates, sources)
+        if not hasattr(self.inner, "lay_out"):  # its own rates decide only around a policy that does not merge chains
+            load_tiers(self.rates, sources)
         self.inner.bind(sources)
         self._bound = True
 

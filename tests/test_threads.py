@@ -26,7 +26,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::goose.compose.CompositionWarnin
 
 VOCAB = 16
 FIXED = {"latency": {1: 1.0, 128: 1.0}}  # fit policies: a flat curve, not a measurement of the toy
-SOURCES = {"pld+tr": ["pld", "tr"], "pld+suffix+tr": ["pld", "suffix", "tr"]}
+SOURCES = {"pld+tr": ["pld", "tr"], "pld+suffix+tr": ["pld", "suffix", "tr"],
+           # two successor sources: merged branches, per-set branch rates and the step's asked answers
+           "pld+tr+context-bigram": ["pld", "tr", "context-bigram"]}
 
 
 def _builtin_policies() -> list[str]:
@@ -112,7 +114,7 @@ def _switch_often():
 
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sample"])
-@pytest.mark.parametrize("sources", list(SOURCES))
+@pytest.mark.parametrize("sources", ["pld+tr", "pld+suffix+tr"])
 @pytest.mark.parametrize("policy", _builtin_policies())
 def test_every_policy_in_four_threads_equals_the_calls_in_sequence(policy, sources, sample):
     check_threads_equal_sequence(policy, sources, sample, threads=4)
@@ -123,6 +125,15 @@ def test_every_policy_in_four_threads_equals_the_calls_in_sequence(policy, sourc
 @pytest.mark.parametrize("policy", ["spine", "spine-fit", "iso3"])
 def test_two_and_eight_threads(policy, sample, threads):
     check_threads_equal_sequence(policy, "pld+suffix+tr", sample, threads=threads)
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sample"])
+@pytest.mark.parametrize("policy", ["spine", "spine-fit", "iso3"])
+def test_two_successor_sources_in_four_threads(policy, sample):
+    """The example project's branch source beside tr (installed by the README's command): each component set
+    keeps its own branch rates and the answers its step asked for."""
+    pytest.importorskip("goose_example_source")
+    check_threads_equal_sequence(policy, "pld+tr+context-bigram", sample, threads=4)
 
 
 # -- a pass of another thread inside this thread's prefill ----------------------------------------
