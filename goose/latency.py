@@ -28,14 +28,14 @@ SIZES = (*range(1, 25), 28, 32, 40, 48, 56, 64, 80, 96, 128)
 FULL_SIZES = (*range(1, 65), 80, 96, 128)
 # sizes at which both forms of the linear layers are timed; a size between takes the form of the
 # nearest compared size (the forms switch at a crossover, not back and forth)
-COMPARE = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+COMPARE = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
 # where the time budget stops the walk over SIZES, the sizes past it among these are still timed once each,
 # in this order, while it allows (the widest span first; the sizes between are interpolated and listed in
 # their form; 128, 96, 80 last: Gemma-3's walk stopped at 64 on the 60% share)
 ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
-CURVE_VERSION = 11  # bump when the measuring method changes: cached curves are measured anew
+CURVE_VERSION = 12  # bump when the measuring method changes: cached curves are measured anew
 # A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
 # forms): machines with the same CPU name and flags differ in speed (virtual machines on other hosts)
 # and in which linear-layer form is fastest, and a curve measured under load misleads the fit
@@ -61,6 +61,7 @@ class LatencyCurve:
     # (rows, seconds) of the LM head alone on that many rows: what the prefill's extra logit rows cost
     head: tuple[tuple[int, float], ...] = ()
     packed: tuple[int, ...] = ()  # sizes whose tree pass is fastest with packed-weight linears
+    stream: tuple[int, ...] = ()  # sizes whose pass is fastest with the streaming kernel (size 1 included)
 
     def __call__(self, n: int) -> float:
         s, t = self.sizes, self.seconds
@@ -131,16 +132,18 @@ class LatencyCurve:
 
     def to_dict(self) -> dict:
         return {"sizes": list(self.sizes), "seconds": list(self.seconds), "skinny": list(self.skinny),
-                "packed": list(self.packed), "head": [list(x) for x in self.head]}
+                "packed": list(self.packed), "stream": list(self.stream), "head": [list(x) for x in self.head]}
 
     @classmethod
     def from_dict(cls, d: dict) -> LatencyCurve:
         head = tuple((int(r), float(t)) for r, t in d.get("head", ()))
-        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head, tuple(d.get("packed", ())))
+        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head, tuple(d.get("packed", ())),
+                   tuple(d.get("stream", ())))
 
     def form(self, n: int) -> str:
-        """The linear layers' form a tree pass of n nodes runs in (a size listed in neither form: stock)."""
-        return "skinny" if n in self.skinny else "packed" if n in self.packed else "stock"
+        """The linear layers' form a pass of n nodes runs in (a size listed in no form: stock)."""
+        return ("skinny" if n in self.skinny else "packed" if n in self.packed else "stream" if n in self.stream
+                else "stock")
 
 
 def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict[int, str]:
@@ -167,6 +170,8 @@ def _setup(setup: dict | None) -> dict:
         out["gqa"] = False
     if setup.get("packed", True) is False and out.get("linear") != "stock":  # packs not allowed (pack_limit_mib)
         out["packed"] = False
+    if setup.get("stream", True) is False and out.get("linear") != "stock":  # no streaming kernel here (numba)
+        out["stream"] = False
     return out
 
 
@@ -297,6 +302,7 @@ def measure(
     """
     t_start = time.perf_counter()
     from goose.verifiers import skinny as skinny_mod
+    from goose.verifiers import stream as stream_mod
     from goose.verifiers.skinny import MAX_ROWS
 
     timer = _Timer(model, setup, past_len, budget_s)
@@ -308,6 +314,8 @@ def measure(
         forms.append("skinny")
         if _setup(setup).get("packed", True) and skinny_mod.packed_available(v._linears):
             forms.append("packed")
+        if stream_mod.available(v._linears):
+            forms.append("stream")
     w = _Walk(timer.once, forms, MAX_ROWS, progress or (lambda text: None), t_start, budget_s, stop_ratio)
     w.warm_up(min(8, sizes[-1]))
     last = w.walk(sizes)  # the size round 1 stopped at for the time budget (None: it did not)
@@ -323,8 +331,8 @@ def measure(
         skinny_mod.release_packs(v._linears)
     filled = _between_anchors(form, last, MAX_ROWS) if last is not None else {}
     every = {**filled, **{n: form[n] for n in kept}}  # sizes between anchors run in the anchors' form
-    return LatencyCurve(tuple(kept), tuple(med), tuple(n for n in sorted(every) if every[n] == "skinny"), head,
-                        tuple(n for n in sorted(every) if every[n] == "packed"))
+    listed = {f: tuple(n for n in sorted(every) if every[n] == f) for f in ("skinny", "packed", "stream")}
+    return LatencyCurve(tuple(kept), tuple(med), listed["skinny"], head, listed["packed"], listed["stream"])
 
 
 class _Walk:
@@ -343,6 +351,7 @@ class _Walk:
         self.t_start, self.budget_s, self.stop_ratio = t_start, budget_s, stop_ratio
         self.times: dict[int, list[float]] = {}
         self.form: dict[int, str | None] = {}
+        self.stock_compared = True  # False: stock linears were far slower than a form at the warm-up's size
         self.t1 = 0.0
 
     def elapsed(self) -> float:
@@ -350,7 +359,9 @@ class _Walk:
 
     def nearest(self, n: int) -> str | None:
         """The form of the compared size nearest ``n`` (the smaller of two as near); None: stock."""
-        known = [c for c in self.compared if c in self.form]
+        if n == 1:  # one row: the form timed there (only forms that serve one row are)
+            return self.form.get(1)
+        known = [c for c in self.compared if c in self.form and c > 1]
         if not self.forms or not known or not (2 <= n <= self.max_rows):
             return None
         return self.form[min(known, key=lambda c: (abs(c - n), c))]
@@ -361,28 +372,50 @@ class _Walk:
 
     def warm_up(self, mid: int) -> None:
         """A few one-token and one mid-size forward, untimed (the first forwards of a process are
-        slow); then each form that two timings put over 1.5x stock at the mid size is dropped."""
+        slow); then each form that two timings put over 1.5x the fastest at the mid size (stock
+        included) is dropped from the comparisons."""
         for n in (1, 1, 1):
             self.once(n)
         stock_mid = self.once(mid)
         # a form far slower at a middle size is not compared at the others (bfloat16 with AVX2 kernels:
-        # weight @ x.T is several times slower, and timing it at every compared size doubles the wait)
+        # weight @ x.T is several times slower; stock float32 linears 2.4x the stream kernel for Qwen2.5-1.5B
+        # at 8 rows), and timing it at every compared size doubles the wait
         if mid >= 2:
-            for f in list(self.forms):
-                self.once(mid, f)  # untimed: a form's first pass (the packed form packs the weights here)
-                if self.again_over(self.once(mid, f), 1.5 * stock_mid, mid, f) > 1.5 * stock_mid:
-                    self.forms.remove(f)
+            mids: dict[str | None, float] = {None: stock_mid}
+            for f in self.forms:
+                self.once(mid, f)  # untimed: a form's first pass (packing the weights, loading compiled code)
+                mids[f] = self.once(mid, f)
+            best = min(mids.values())
+            for f, dt in mids.items():
+                if self.again_over(dt, 1.5 * best, mid, f) > 1.5 * best:
+                    if f is None:
+                        self.stock_compared = False
+                    else:
+                        self.forms.remove(f)
+
+    def fastest(self, n: int, serve: list[str]) -> tuple[str | None, float]:
+        """The fastest of stock (where still compared) and the ``serve`` forms at ``n`` rows: each timed once,
+        the two fastest once more and the lower of each kept (one timing would let a stall choose)."""
+        timed = {f: self.once(n, f) for f in ([None] if self.stock_compared or not serve or n == 1 else []) + serve}
+        for f in sorted(timed, key=timed.get)[:2] if len(timed) > 1 else ():
+            timed[f] = min(timed[f], self.once(n, f))
+        f = min(timed, key=timed.get)
+        return f, timed[f]
 
     def walk(self, sizes: list[int]) -> int | None:
         """Round 1: each size in increasing order, in its fastest form at a compared size (else the
         nearest compared size's), until a forward costs ``stop_ratio`` x t(1) (returns None) or, past
         size 4, the walk's share of the budget is spent (returns the size it stopped at)."""
+        from goose.verifiers.skinny import ONE_ROW_FORMS
+
         self.t1 = t1 = min(self.once(1) for _ in range(3))
         for n in sizes:
             if self.forms and n in self.compared:
-                timed = {None: self.once(n), **{f: self.once(n, f) for f in self.forms}}
-                self.form[n] = min(timed, key=timed.get)
-                dt = timed[self.form[n]]
+                # one row: only the forms that serve it (the others run F.linear there)
+                serve = [f for f in self.forms if n > 1 or f in ONE_ROW_FORMS]
+                self.form[n], dt = self.fastest(n, serve)
+                if n == 1:  # a tree's price is in units of the one-token step as the verifier will run it
+                    self.t1 = t1 = min(dt, t1) if self.form[1] is None else dt
             else:
                 self.form[n] = self.nearest(n)
                 dt = self.once(n, self.form[n])
@@ -604,7 +637,8 @@ def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, chec
         f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
         + (f"; weight @ x.T fastest at {len(curve.skinny)} sizes" if curve.skinny else "")
         + (f"; packed weights fastest at {len(curve.packed)} sizes" if curve.packed else "")
-        + ("; stock linear layers everywhere" if not (curve.skinny or curve.packed) else "")
+        + (f"; the stream kernel fastest at {len(curve.stream)} sizes" if curve.stream else "")
+        + ("; stock linear layers everywhere" if not (curve.skinny or curve.packed or curve.stream) else "")
         + (f"; cached in {path}" if use_cache else "")
     )
     if use_cache:

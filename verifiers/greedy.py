@@ -28,7 +28,7 @@ from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
 from goose.interfaces import Options, Verified, Verifier, text_config
 from goose.tree import DraftTree
-from goose.verifiers import attention, sampling, skinny
+from goose.verifiers import attention, sampling, skinny, stream
 from goose.verifiers import cache as kv_cache
 
 # Attention implementations that honour an arbitrary 4-D additive mask.
@@ -40,12 +40,14 @@ ROOT_PREDECESSOR_ROUTES = frozenset({"single", "chain", "bypass"})
 
 
 class TreeVerifierOptions(Options):
-    linear: Literal["auto", "stock", "skinny", "packed"] = Field(
+    linear: Literal["auto", "stock", "skinny", "packed", "stream"] = Field(
         "auto",
-        description="linear layers of tree passes (2-64 nodes): 'stock' F.linear; 'skinny' weight @ x.T; "
-        "'packed' MKL's GEMM on weights packed once (float32 CPU; 1-4x each weight's memory, within pack_limit_mib) "
-        "(verifiers/skinny.py); 'auto' the fastest per tree size, as the cached latency calibration measured "
-        "(stock where none is cached). One-token steps always run stock",
+        description="linear layers of the verifier's passes: 'stock' F.linear; 'skinny' weight @ x.T (2-64 nodes); "
+        "'packed' MKL's GEMM on weights packed once (2-64 nodes; float32 CPU; 1-4x each weight's memory, within "
+        "pack_limit_mib) (verifiers/skinny.py); 'stream' a numba kernel that reads each weight once per pass, in "
+        "its own layout (1-64 nodes, one-token steps included; float32 CPU; verifiers/stream.py); 'auto' the "
+        "fastest per size, as the cached latency calibration measured (stock where none is cached). The "
+        "prompt's prefill always runs stock",
     )
     pack_limit_mib: int | None = Field(
         None,
@@ -115,6 +117,8 @@ class GreedyTreeVerifier(Verifier):
         self._linears = skinny.linears(model) if self.options.linear != "stock" else []
         limit = self.options.pack_limit_mib
         self.packs_allowed = skinny.packed_available(self._linears, limit)
+        if self.options.linear == "stream" and not stream.available(self._linears):
+            raise UnsupportedModelError(stream.unavailable_reason(self._linears))
         if self.options.linear == "packed" and not self.packs_allowed:
             need = skinny.pack_estimate(self._linears) / 2**20
             room = skinny.pack_limit(limit) / 2**20
@@ -189,8 +193,10 @@ class GreedyTreeVerifier(Verifier):
         return out.logits[0]
 
     def _form_for(self, n: int) -> str | None:
-        """The form a tree pass of n nodes runs its linear layers in ("skinny", "packed"; None: stock)."""
-        if not self._linears or not (2 <= n <= skinny.MAX_ROWS):
+        """The form a pass of n nodes runs its linear layers in ("skinny", "packed", "stream"; None: stock)."""
+        if not self._linears or not (1 <= n <= skinny.MAX_ROWS):
+            return None
+        if n == 1 and self.options.linear in skinny.FORMS and self.options.linear not in skinny.ONE_ROW_FORMS:
             return None
         if self.options.linear in skinny.FORMS:
             return self.options.linear
@@ -211,6 +217,8 @@ class GreedyTreeVerifier(Verifier):
                 self._head_curve = curve  # how many rows the deferred prefill rows are run as
             if curve is not None and self._linears:
                 forms.update({k: "skinny" for k in curve.skinny})
+                if curve.stream and stream.available(self._linears):
+                    forms.update({k: "stream" for k in curve.stream})
                 if curve.packed and skinny.packed_available(self._linears, self.options.pack_limit_mib):
                     forms.update({k: "packed" for k in curve.packed})
         if "packed" in forms.values() or self.options.linear == "packed":
@@ -228,18 +236,27 @@ class GreedyTreeVerifier(Verifier):
         """The kernel options the latency curve of this verifier depends on (goose.latency)."""
         # "packed": False only where packs could serve but the limit forbids them (another curve)
         limited = not self.packs_allowed and skinny.packed_supported(self._linears)
-        return {"linear": self.options.linear, "gqa": self.options.gqa, "packed": not limited}
+        out = {"linear": self.options.linear, "gqa": self.options.gqa, "packed": not limited}
+        if self._linears and not stream.available(self._linears):  # no streaming kernel: another curve
+            out["stream"] = False
+        return out
 
     def linear_info(self) -> dict:
-        """Which form each tree size's linear layers run in, and the memory the packed weights take."""
+        """Which form each pass size's linear layers run in, and the memory the forms take beside the
+        weights: the packed weights' (measured as they were made) and the stream form's (none: it reads
+        the weights in their own layout; its per-pass input and output buffers are the size of an
+        ordinary layer's output)."""
         forms = self._forms or {}
         in_use = "packed" in forms.values() or self.options.linear == "packed"
         mib = round(skinny.packed_bytes(self._linears) / 2**20, 1) if in_use else 0.0
+        streaming = "stream" in forms.values() or self.options.linear == "stream"
         return {
             "option": self.options.linear,
             "packed": mib > 0,
             "packed_mib": mib,
             "pack_limit_mib": round(skinny.pack_limit(self.options.pack_limit_mib) / 2**20),
+            "stream": streaming,
+            "stream_extra_mib": 0.0,
             "forms": {str(k): f for k, f in sorted(forms.items())},
         }
 
@@ -353,7 +370,7 @@ class GreedyTreeVerifier(Verifier):
             mask = self.tree_mask(tree, past)
             pos = tree.position_ids(past, device=self.device)
         t1 = time.perf_counter()
-        form = self._form_for(tree.num_nodes) if tree.num_nodes > 1 else None
+        form = self._form_for(tree.num_nodes)
         logits = self._forward(ids, mask, pos, form=form)
         t2 = time.perf_counter()
         if form:

@@ -49,8 +49,12 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from goose.verifiers import stream
+
 MAX_ROWS = 64
-FORMS = ("skinny", "packed")
+FORMS = ("skinny", "packed", "stream")
+# forms that also serve one-row passes (the plain steps); the others run F.linear there
+ONE_ROW_FORMS = ("stream",)
 # packed bytes / weight bytes assumed before packing (SmolLM2 measured 2.47: 1,265 / 513 MiB)
 PACK_RATIO = 2.5
 
@@ -70,9 +74,11 @@ def _form() -> str | None:
 def _tree_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     form = _form()
-    if form is None or not (2 <= rows <= MAX_ROWS):
+    if form is None or not (2 <= rows <= MAX_ROWS or (rows == 1 and form in ONE_ROW_FORMS)):
         return F.linear(x, self.weight, self.bias)
     x2 = x.reshape(rows, x.shape[-1])
+    if form == "stream":
+        return stream.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.weight.shape[0])
     if form == "packed":
         out = torch.ops.mkl._mkl_linear(x2, _pack(self), self.weight, self.bias, rows)
         return out.reshape(*x.shape[:-1], self.weight.shape[0])

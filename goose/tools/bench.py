@@ -291,8 +291,33 @@ def memory_line(runs: list[Run], methods: list[str]) -> str | None:
         else:
             parts.append(f"{m} 0 MiB (none made)")
     limit = next(iter(last.values())).get("pack_limit_mib")
-    return ("Memory: packed linear weights of tree passes (one set per model, shared by its decoders; "
+    line = ("Memory: packed linear weights of tree passes (one set per model, shared by its decoders; "
             f"limit {limit:,} MiB, verifier option pack_limit_mib): " + ", ".join(parts))
+    streaming = []
+    for m in methods:
+        sizes = sorted(int(k) for k, f in last.get(m, {}).get("forms", {}).items() if f == "stream")
+        if sizes:
+            streaming.append(f"{m} at pass sizes {sizes[0]}-{sizes[-1]}")
+    if streaming:
+        line += ("; the stream kernel (verifiers/stream.py) reads the weights in their own layout, 0 MiB beside them: "
+                 + ", ".join(streaming))
+    return line
+
+
+def verifier_line(rows: list[dict]) -> str | None:
+    """What the verifier alone gives and what drafting adds: Goose's plain steps (``greedy``: one token per
+    pass, no drafts, the verifier's own linear layers and cache) against transformers' greedy, and each
+    drafting method's speedup over those plain steps (pooled over every prompt)."""
+    every = {r["method"]: r for r in rows if r["dataset"] == "ALL"}
+    plain = every.get("greedy")
+    if plain is None or not plain.get("speedup_pooled"):
+        return None
+    base = plain["speedup_pooled"]
+    more = [f"{m} {r['speedup_pooled'] / base:.2f}x" for m, r in every.items()
+            if m not in ("ar", "greedy", "hf-pld") and r.get("speedup_pooled")]
+    return (f"Verifier alone (greedy: Goose's plain steps, no drafts): {base:.2f}x transformers' greedy, pooled "
+            f"({_f(plain.get('speedup_median'))}x median)"
+            + (f". Drafting on top of it (each method's speedup / greedy's): " + ", ".join(more) if more else "") + ".")
 
 
 def source_lines(rows: list[dict]) -> str | None:
@@ -311,6 +336,9 @@ def source_lines(rows: list[dict]) -> str | None:
 def report_md(rows: list[dict], runs: list[Run], methods: list[str], prof: list[dict]) -> str:
     """The results table, the packed weights' memory line and the profile, as goose bench and report print them."""
     md = table(rows)
+    alone = verifier_line(rows)
+    if alone:
+        md += "\n\n" + alone
     src = source_lines(rows)
     if src:
         md += "\n\n" + src
@@ -349,7 +377,7 @@ def add_parser(sub) -> None:
     b.add_argument("--data-dir", default=None, help="benchmark data folder for gsm8k, mt_bench, spec_bench and the splits (default: $GOOSE_DATA; never looked for otherwise; demo and humaneval need none)")
     b.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each dataset")
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--methods", default="ar,hf-pld,pld,spine,spine-fit", help=METHODS_HELP)
+    b.add_argument("--methods", default="ar,greedy,hf-pld,pld,spine,spine-fit", help=METHODS_HELP)
     b.add_argument("--budget", type=int, default=None, help="node budget (default: each policy's own, 60)")
     b.add_argument("--chat", action="store_true", help="apply the chat template instead of raw prompts")
     b.add_argument("--warmup", type=int, default=1, help="untimed runs of each method before timing, on a built-in text that is not measured")

@@ -145,7 +145,7 @@ def _cmd_calibrate(args) -> int:
     t1 = curve(1)
     print("| n | ms | x t(1) | linear layers |\n|---|---|---|---|")
     for n in curve.sizes:
-        form = {"skinny": "weight @ x.T", "packed": "packed weights"}.get(curve.form(n), "stock")
+        form = {"skinny": "weight @ x.T", "packed": "packed weights", "stream": "stream kernel"}.get(curve.form(n), "stock")
         print(f"| {n} | {1000 * curve(n):.1f} | {curve(n) / t1:.2f} | {form} |")
     from goose.verifiers import skinny
 
@@ -159,6 +159,9 @@ def _cmd_calibrate(args) -> int:
               f"{skinny.pack_limit() / 2**20:,.0f} MiB; verifier option pack_limit_mib, 0: never)")
     else:
         print("packed linear weights: not used (0 MiB)")
+    if curve.stream:
+        print(f"stream kernel at sizes {min(curve.stream)}-{max(curve.stream)}: 0 MiB beside the model's "
+              f"{sum(m.weight.nbytes for m in lin) / 2**20:,.0f} MiB of linear weights (it reads them in their own layout)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": machine.describe(), "threads": args.threads, "model": args.model, "dtype": args.dtype, **curve.to_dict()}, f)

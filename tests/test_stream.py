@@ -1,0 +1,249 @@
+"""The stream kernel (verifiers/stream.py): the product, row invariance, refusals, and lossless decoding with it forced on.
+
+With the kernel, Goose's reference is greedy decoding under the same kernel: the prompt's prefill
+with stock linear layers, every later token's forward through the kernel (:func:`stream_greedy`).
+Because every row of every pass is summed in one order, whatever shares the pass, a decoder's
+output must equal that reference token for token whatever it drafts; against transformers' own
+greedy (stock GEMV) it may differ only at a near-tie, which the real-model test measures.
+"""
+
+import copy
+import inspect
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import goose
+from goose.errors import UnsupportedModelError
+from goose.testing.kit import ReferenceTreeSource
+from goose.verifiers import skinny, stream
+
+from test_hf_architectures import V, get
+
+pytestmark = pytest.mark.skipif(stream._kernel() is None, reason="numba is not installed")
+
+# (out features, in features) of the three models' linear layers; the LM heads cut to a slice whose
+# row count is not a multiple of the kernel's block (the tail path), full heads in the real-model test
+SHAPES = {
+    "smollm2": [(576, 576), (192, 576), (1536, 576), (576, 1536), (4099, 576)],
+    "gemma-3-270m": [(1024, 640), (256, 640), (2048, 640), (640, 2048), (4101, 640)],
+    "qwen2.5-coder-1.5b": [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (2053, 1536)],
+}
+ROWS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 33, 64)
+
+
+def _close_to_float64(got, x, w, b=None):
+    """The kernel's float32 result is as close to the float64 product as F.linear's is (within 2x, plus
+    a few float32 ulps of the result's scale)."""
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    err = (got.double() - exact).abs().max().item()
+    ref_err = (F.linear(x, w, b).double() - exact).abs().max().item()
+    scale = exact.abs().max().item()
+    assert err <= 2 * ref_err + 8 * torch.finfo(torch.float32).eps * scale, (err, ref_err, scale)
+
+
+@pytest.mark.parametrize("model", list(SHAPES))
+def test_kernel_equals_linear_on_the_models_shapes(model):
+    g = torch.Generator().manual_seed(1)
+    for out_f, in_f in SHAPES[model]:
+        w = torch.randn(out_f, in_f, generator=g) / in_f**0.5
+        b = torch.randn(out_f, generator=g)
+        for rows in ROWS:
+            x = torch.randn(rows, in_f, generator=g)
+            got = stream.linear(x, w)
+            assert got.shape == (rows, out_f) and got.dtype == torch.float32
+            _close_to_float64(got, x, w)
+        _close_to_float64(stream.linear(x, w, b), x, w, b)
+
+
+def test_rows_are_invariant_to_what_shares_the_pass():
+    """A row's result, bit for bit: alone, in any order among others, beside different rows, at any
+    row count and with one thread or two."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(1037, 96, generator=g)  # 1037: blocks of twelve and a tail of five rows
+    x = torch.randn(64, 96, generator=g)
+    full = stream.linear(x, w)
+    for rows in ROWS:
+        part = stream.linear(x[:rows], w)
+        assert torch.equal(part, full[:rows]), rows
+    alone = torch.cat([stream.linear(x[i : i + 1], w) for i in range(64)])
+    assert torch.equal(alone, full)
+    perm = torch.randperm(64, generator=g)
+    assert torch.equal(stream.linear(x[perm], w)[perm.argsort()], full)
+    other = torch.randn(7, 96, generator=g)
+    assert torch.equal(stream.linear(torch.cat([other, x[:9]]), w)[7:], full[:9])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(stream.linear(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_inputs_that_are_not_contiguous_and_mismatched_widths():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(40, 24, generator=g)
+    x = torch.randn(24, 6, generator=g).t()  # 6 rows, not contiguous
+    assert torch.equal(stream.linear(x, w), stream.linear(x.contiguous(), w))
+    with pytest.raises(ValueError, match="input has 6 features; the weight takes 24"):
+        stream.linear(torch.randn(3, 6), w)
+
+
+def test_a_rerouted_layer_runs_the_kernel_for_one_row_and_many():
+    lin = torch.nn.Linear(24, 40)
+    x = torch.randn(1, 7, 24)
+    with skinny.rerouted(lin, [lin], "stream"):
+        many, one = lin(x), lin(x[:, :1])
+    assert torch.equal(many, stream.linear(x[0], lin.weight, lin.bias).view(1, 7, 40))
+    assert torch.equal(one, stream.linear(x[0, :1], lin.weight, lin.bias).view(1, 1, 40))
+    assert "forward" not in lin.__dict__
+    # the other forms leave one row to F.linear
+    with skinny.rerouted(lin, [lin], "skinny"):
+        assert torch.equal(lin(x[:, :1]), F.linear(x[:, :1], lin.weight, lin.bias))
+
+
+def _f32(arch):
+    return copy.deepcopy(get(arch)).float()
+
+
+def test_bfloat16_weights_are_refused_with_what_is_allowed():
+    model = copy.deepcopy(get("llama")).to(torch.bfloat16)
+    with pytest.raises(UnsupportedModelError, match=r"linear='stream' serves float32 weights on the CPU; this "
+                                                    r"model's are torch.bfloat16 on cpu\. Allowed here: 'auto'"):
+        goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"linear": "stream"})
+    assert not stream.available(skinny.linears(model))
+    # auto keeps serving it (stock linears)
+    dec = goose.compose(model, None, sources=["pld"], policy="chain")
+    assert dec.verifier._form_for(1) is None
+
+
+def test_missing_numba_is_refused_with_a_hint(monkeypatch):
+    monkeypatch.setattr(stream, "_kernel", lambda: None)
+    with pytest.raises(UnsupportedModelError, match=r"linear='stream' needs numba.*Hint: pip install numba"):
+        goose.compose(_f32("llama"), None, sources=["pld"], policy="chain", verifier_options={"linear": "stream"})
+
+
+def stream_greedy(model, prompt, n):
+    """Greedy decoding under the kernel, written plainly: the prompt in one stock forward, then one
+    token per forward with every linear layer through the kernel."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    ids = torch.tensor([prompt])
+    out = []
+    with torch.inference_mode():
+        logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits[0, -1]
+        for _ in range(n):
+            tok = int(logits.argmax())
+            out.append(tok)
+            with skinny.rerouted(model, skinny.linears(model), "stream"):
+                logits = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{kw: cache}).logits[0, -1]
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@settings(max_examples=10, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, V - 1), min_size=1, max_size=20),
+    n=st.integers(1, 30),
+    budget=st.integers(2, 20),
+    seed=st.integers(0, 2**31),
+    p=st.sampled_from([0.5, 0.9]),
+)
+def test_arbitrary_trees_equal_greedy_under_the_kernel(arch, prompt, n, budget, seed, p):
+    model = _STREAM_MODELS.setdefault(arch, _f32(arch))
+    ref = stream_greedy(model, prompt, n)
+    src = ReferenceTreeSource(prompt + ref, seed, p, V, p_chain=0.4)
+    dec = goose.compose(model, None, sources=[src], policy="proposal", budget=budget,
+                        verifier_options={"linear": "stream"})
+    out = dec.generate(prompt, max_new_tokens=n)
+    assert out.token_ids == ref
+    passes = out.stats.extra["verifier"].get("stream_passes", 0)
+    assert passes == out.stats.steps  # every pass after the prefill, one-token steps included, ran the kernel
+
+
+_STREAM_MODELS: dict = {}
+
+
+def _property_fails() -> bool:
+    try:
+        for arch in ("llama", "qwen2"):
+            test_arbitrary_trees_equal_greedy_under_the_kernel(arch)
+    except AssertionError:
+        return True
+    return False
+
+
+def test_fault_rows_out_of_order_is_caught(monkeypatch):
+    """The kernel's rows handed back one place out of order in passes of two or more rows: the
+    property above must fail."""
+    real = stream.linear
+
+    def shifted(x, weight, bias=None):
+        out = real(x, weight, bias)
+        return out.roll(1, dims=0) if x.shape[0] > 1 else out
+
+    monkeypatch.setattr(stream, "linear", shifted)
+    assert _property_fails()
+
+
+def test_auto_runs_the_calibrated_sizes_one_row_included(monkeypatch):
+    from goose import latency
+
+    model = _STREAM_MODELS.setdefault("llama", _f32("llama"))
+    curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), skinny=(2,), stream=(1, 4))
+    monkeypatch.setattr(latency, "cached_curve", lambda m, setup=None: curve)
+    v = goose.compose(model, None, sources=["pld"], policy="chain", budget=8).verifier
+    v._resolve_forms()
+    assert (v._form_for(1), v._form_for(2), v._form_for(4), v._form_for(3)) == ("stream", "skinny", "stream", None)
+    assert v.linear_info()["stream"] and v.linear_info()["stream_extra_mib"] == 0.0
+    forced = goose.compose(model, None, sources=["pld"], policy="chain", budget=8, verifier_options={"linear": "skinny"})
+    assert forced.verifier._form_for(1) is None and forced.verifier._form_for(3) == "skinny"
+
+
+REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
+
+
+@pytest.mark.real_model
+def test_smollm2_with_the_kernel_forced(monkeypatch):
+    """SmolLM2 float32: the kernel on its real weights (every layer, the whole LM head), and decoders with
+    the kernel forced on equal greedy under the kernel on real prompts; where that greedy differs from
+    transformers' own, the two logits were within a near-tie."""
+    from goose.tools import datasets, models
+    from goose.tools.bench import top2_gap
+
+    if not models.installed()["smollm2"]:
+        if REQUIRE:
+            pytest.fail("SmolLM2 not pulled: run `goose models pull smollm2`")
+        pytest.skip("SmolLM2 not pulled")
+    model, tok = models.load("smollm2", "float32")
+    g = torch.Generator().manual_seed(4)
+    seen = set()
+    for m in skinny.linears(model):
+        if m.weight.shape in seen:
+            continue
+        seen.add(m.weight.shape)
+        for rows in (1, 5, 32):
+            x = torch.randn(rows, m.weight.shape[1], generator=g)
+            _close_to_float64(stream.linear(x, m.weight, m.bias), x, m.weight, m.bias)
+    assert (49152, 576) in seen  # the tied LM head
+    prompts = [p for p in datasets.demo()][:2]
+    for p in prompts:
+        ids = tok(p.text, return_tensors="pt")["input_ids"][0].tolist()
+        ref = stream_greedy(model, ids, 32)
+        with torch.inference_mode():
+            hf = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=32, do_sample=False)[0, len(ids):].tolist()
+        if hf != ref:
+            pos = next(i for i, (a, b) in enumerate(zip(hf, ref)) if a != b)
+            assert top2_gap(model, torch.tensor([ids]), hf, pos) < 1e-2, (p.id, pos)
+        for policy in ("greedy", "spine", "spine-fit"):
+            dec = goose.compose(model, tok, sources=[] if policy == "greedy" else ["pld", "tr"], policy=policy,
+                                verifier_options={"linear": "stream"})
+            out = dec.generate(ids, max_new_tokens=32)
+            assert out.token_ids == ref, (p.id, policy)
