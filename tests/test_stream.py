@@ -10,6 +10,8 @@ greedy (stock GEMV) it may differ only at a near-tie, which the real-model test 
 import copy
 import inspect
 import os
+import sys
+import threading
 
 import pytest
 import torch
@@ -247,3 +249,52 @@ def test_smollm2_with_the_kernel_forced(monkeypatch):
                                 verifier_options={"linear": "stream"})
             out = dec.generate(ids, max_new_tokens=32)
             assert out.token_ids == ref, (p.id, policy)
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sample"])
+@pytest.mark.parametrize("policy", ["spine", "iso3"])
+def test_one_decoder_in_four_threads_with_the_kernel(policy, sample):
+    """The kernel entered by four threads at once (numba's parallel region from each): every call equals
+    the same call made alone."""
+    model = _STREAM_MODELS.setdefault("llama", _f32("llama"))
+    calls = [[dict(prompt=[(3 * t + 5 * j + i) % V for i in range(14)] * 2, n=12 + 5 * t, seed=100 * t + j if sample else None)
+              for j in range(2)] for t in range(4)]
+
+    def compose():
+        return goose.compose(model, None, sources=["pld", "tr"], policy=policy, budget=24,
+                             verifier_options={"linear": "stream"})
+
+    def gen(dec, c):
+        if not sample:
+            return dec.generate(c["prompt"], max_new_tokens=c["n"]).token_ids
+        g = torch.Generator().manual_seed(c["seed"])
+        return dec.generate(c["prompt"], max_new_tokens=c["n"], do_sample=True, temperature=0.7, generator=g).token_ids
+
+    alone = compose()
+    expected = {(t, j): gen(alone, c) for t, cs in enumerate(calls) for j, c in enumerate(cs)}
+    if not sample:
+        assert expected[0, 0] == stream_greedy(model, calls[0][0]["prompt"], calls[0][0]["n"])
+    dec = compose()
+    got, errors = {}, []
+    start = threading.Barrier(len(calls))
+
+    def work(t):
+        try:
+            start.wait()
+            for j, c in enumerate(calls[t]):
+                got[t, j] = gen(dec, c)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # threads interleave inside every forward
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(len(calls))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert not errors, errors[0]
+    assert got == expected
