@@ -298,3 +298,25 @@ def test_one_decoder_in_four_threads_with_the_kernel(policy, sample):
         sys.setswitchinterval(before)
     assert not errors, errors[0]
     assert got == expected
+
+
+@pytest.mark.real_model
+def test_gemma3_real_weights():
+    """Gemma-3-270M's real weights, every distinct shape (its 262,144-row LM head included), 1-32 rows."""
+    from goose.tools import models
+
+    if not models.installed()["gemma-3-270m"]:
+        if REQUIRE:
+            pytest.fail("Gemma-3-270M not pulled: run `goose models pull gemma-3-270m`")
+        pytest.skip("Gemma-3-270M not pulled")
+    model, _ = models.load("gemma-3-270m", "float32")
+    g = torch.Generator().manual_seed(5)
+    seen = set()
+    for m in skinny.linears(model):
+        if m.weight.shape in seen:
+            continue
+        seen.add(m.weight.shape)
+        for rows in (1, 3, 32):
+            x = torch.randn(rows, m.weight.shape[1], generator=g)
+            _close_to_float64(stream.linear(x, m.weight, m.bias), x, m.weight, m.bias)
+    assert (262144, 640) in seen

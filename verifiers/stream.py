@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import threading
 
+import numpy as np
 import torch
 
 BLOCK = 2  # input rows per block; the input is padded to a multiple of it
@@ -41,136 +42,139 @@ W_BLOCK = 12  # weight rows per block
 _serial = threading.Lock()
 
 
+_prange = range  # numba.prange once the kernel is compiled (_kernel sets it before compiling)
+
+
+def _xwt(x, w, out):
+    # out[r, o] = sum_k x[r, k] * w[o, k]; x has an even number of rows. Each block of twelve
+    # weight rows is read once, against every pair of input rows in turn: 24 running sums.
+    n, k_dim = x.shape
+    o_dim = w.shape[0]
+    zero = np.float32(0)
+    for b in _prange(o_dim // 12):
+        o = b * 12
+        w0 = w[o]
+        w1 = w[o + 1]
+        w2 = w[o + 2]
+        w3 = w[o + 3]
+        w4 = w[o + 4]
+        w5 = w[o + 5]
+        w6 = w[o + 6]
+        w7 = w[o + 7]
+        w8 = w[o + 8]
+        w9 = w[o + 9]
+        w10 = w[o + 10]
+        w11 = w[o + 11]
+        for r in range(0, n, 2):
+            x0 = x[r]
+            x1 = x[r + 1]
+            a0_0 = a0_1 = zero
+            a1_0 = a1_1 = zero
+            a2_0 = a2_1 = zero
+            a3_0 = a3_1 = zero
+            a4_0 = a4_1 = zero
+            a5_0 = a5_1 = zero
+            a6_0 = a6_1 = zero
+            a7_0 = a7_1 = zero
+            a8_0 = a8_1 = zero
+            a9_0 = a9_1 = zero
+            a10_0 = a10_1 = zero
+            a11_0 = a11_1 = zero
+            for k in range(k_dim):
+                y0 = x0[k]
+                y1 = x1[k]
+                v = w0[k]
+                a0_0 += v * y0
+                a0_1 += v * y1
+                v = w1[k]
+                a1_0 += v * y0
+                a1_1 += v * y1
+                v = w2[k]
+                a2_0 += v * y0
+                a2_1 += v * y1
+                v = w3[k]
+                a3_0 += v * y0
+                a3_1 += v * y1
+                v = w4[k]
+                a4_0 += v * y0
+                a4_1 += v * y1
+                v = w5[k]
+                a5_0 += v * y0
+                a5_1 += v * y1
+                v = w6[k]
+                a6_0 += v * y0
+                a6_1 += v * y1
+                v = w7[k]
+                a7_0 += v * y0
+                a7_1 += v * y1
+                v = w8[k]
+                a8_0 += v * y0
+                a8_1 += v * y1
+                v = w9[k]
+                a9_0 += v * y0
+                a9_1 += v * y1
+                v = w10[k]
+                a10_0 += v * y0
+                a10_1 += v * y1
+                v = w11[k]
+                a11_0 += v * y0
+                a11_1 += v * y1
+            out[r, o] = a0_0
+            out[r + 1, o] = a0_1
+            out[r, o + 1] = a1_0
+            out[r + 1, o + 1] = a1_1
+            out[r, o + 2] = a2_0
+            out[r + 1, o + 2] = a2_1
+            out[r, o + 3] = a3_0
+            out[r + 1, o + 3] = a3_1
+            out[r, o + 4] = a4_0
+            out[r + 1, o + 4] = a4_1
+            out[r, o + 5] = a5_0
+            out[r + 1, o + 5] = a5_1
+            out[r, o + 6] = a6_0
+            out[r + 1, o + 6] = a6_1
+            out[r, o + 7] = a7_0
+            out[r + 1, o + 7] = a7_1
+            out[r, o + 8] = a8_0
+            out[r + 1, o + 8] = a8_1
+            out[r, o + 9] = a9_0
+            out[r + 1, o + 9] = a9_1
+            out[r, o + 10] = a10_0
+            out[r + 1, o + 10] = a10_1
+            out[r, o + 11] = a11_0
+            out[r + 1, o + 11] = a11_1
+    # the last rows of a weight whose row count is not a multiple of twelve, one at a time
+    for o in range(o_dim - o_dim % 12, o_dim):
+        wv = w[o]
+        for r in range(0, n, 2):
+            x0 = x[r]
+            x1 = x[r + 1]
+            a0 = a1 = zero
+            for k in range(k_dim):
+                v = wv[k]
+                a0 += v * x0[k]
+                a1 += v * x1[k]
+            out[r, o] = a0
+            out[r + 1, o] = a1
+
+
+
 @functools.cache
 def _kernel():
     """The compiled kernel, or None where numba cannot be imported (compiled lazily, on first call)."""
+    global _prange
     try:
         import numba
-        import numpy as np
     except ImportError:
         return None
-
-    @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)
-    def xwt(x, w, out):
-        # out[r, o] = sum_k x[r, k] * w[o, k]; x has an even number of rows. Each block of twelve
-        # weight rows is read once, against every pair of input rows in turn: 24 running sums.
-        n, k_dim = x.shape
-        o_dim = w.shape[0]
-        zero = np.float32(0)
-        for b in numba.prange(o_dim // 12):
-            o = b * 12
-            w0 = w[o]
-            w1 = w[o + 1]
-            w2 = w[o + 2]
-            w3 = w[o + 3]
-            w4 = w[o + 4]
-            w5 = w[o + 5]
-            w6 = w[o + 6]
-            w7 = w[o + 7]
-            w8 = w[o + 8]
-            w9 = w[o + 9]
-            w10 = w[o + 10]
-            w11 = w[o + 11]
-            for r in range(0, n, 2):
-                x0 = x[r]
-                x1 = x[r + 1]
-                a0_0 = a0_1 = zero
-                a1_0 = a1_1 = zero
-                a2_0 = a2_1 = zero
-                a3_0 = a3_1 = zero
-                a4_0 = a4_1 = zero
-                a5_0 = a5_1 = zero
-                a6_0 = a6_1 = zero
-                a7_0 = a7_1 = zero
-                a8_0 = a8_1 = zero
-                a9_0 = a9_1 = zero
-                a10_0 = a10_1 = zero
-                a11_0 = a11_1 = zero
-                for k in range(k_dim):
-                    y0 = x0[k]
-                    y1 = x1[k]
-                    v = w0[k]
-                    a0_0 += v * y0
-                    a0_1 += v * y1
-                    v = w1[k]
-                    a1_0 += v * y0
-                    a1_1 += v * y1
-                    v = w2[k]
-                    a2_0 += v * y0
-                    a2_1 += v * y1
-                    v = w3[k]
-                    a3_0 += v * y0
-                    a3_1 += v * y1
-                    v = w4[k]
-                    a4_0 += v * y0
-                    a4_1 += v * y1
-                    v = w5[k]
-                    a5_0 += v * y0
-                    a5_1 += v * y1
-                    v = w6[k]
-                    a6_0 += v * y0
-                    a6_1 += v * y1
-                    v = w7[k]
-                    a7_0 += v * y0
-                    a7_1 += v * y1
-                    v = w8[k]
-                    a8_0 += v * y0
-                    a8_1 += v * y1
-                    v = w9[k]
-                    a9_0 += v * y0
-                    a9_1 += v * y1
-                    v = w10[k]
-                    a10_0 += v * y0
-                    a10_1 += v * y1
-                    v = w11[k]
-                    a11_0 += v * y0
-                    a11_1 += v * y1
-                out[r, o] = a0_0
-                out[r + 1, o] = a0_1
-                out[r, o + 1] = a1_0
-                out[r + 1, o + 1] = a1_1
-                out[r, o + 2] = a2_0
-                out[r + 1, o + 2] = a2_1
-                out[r, o + 3] = a3_0
-                out[r + 1, o + 3] = a3_1
-                out[r, o + 4] = a4_0
-                out[r + 1, o + 4] = a4_1
-                out[r, o + 5] = a5_0
-                out[r + 1, o + 5] = a5_1
-                out[r, o + 6] = a6_0
-                out[r + 1, o + 6] = a6_1
-                out[r, o + 7] = a7_0
-                out[r + 1, o + 7] = a7_1
-                out[r, o + 8] = a8_0
-                out[r + 1, o + 8] = a8_1
-                out[r, o + 9] = a9_0
-                out[r + 1, o + 9] = a9_1
-                out[r, o + 10] = a10_0
-                out[r + 1, o + 10] = a10_1
-                out[r, o + 11] = a11_0
-                out[r + 1, o + 11] = a11_1
-        # the last rows of a weight whose row count is not a multiple of twelve, one at a time
-        for o in range(o_dim - o_dim % 12, o_dim):
-            wv = w[o]
-            for r in range(0, n, 2):
-                x0 = x[r]
-                x1 = x[r + 1]
-                a0 = a1 = zero
-                for k in range(k_dim):
-                    v = wv[k]
-                    a0 += v * x0[k]
-                    a1 += v * x1[k]
-                out[r, o] = a0
-                out[r + 1, o] = a1
-
-    return xwt
+    _prange = numba.prange
+    return numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
 
 
 @functools.cache
 def _threading():
     """(numba module, whether calls must be serialised), after one call has chosen the threading layer."""
     import numba
-    import numpy as np
 
     k = _kernel()
     x = np.zeros((BLOCK, 8), np.float32)
