@@ -292,9 +292,11 @@ def measure(
     mid-size forward run first, untimed: the first forwards of a process are slow. The median of
     each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
     then prefers the larger tree). With ``compare_linear``, round 1 times each compared size
-    from 2 to 64 with stock linear layers, as ``weight @ x.T`` and, where MKL's packed GEMM is
-    available for the model's weights, on packed weights (verifiers/skinny.py), keeps the fastest
-    form for that size (``LatencyCurve.skinny`` / ``.packed``; later rounds time that form), and
+    from 1 to 64 with stock linear layers, as ``weight @ x.T`` and, where MKL's packed GEMM is
+    available for the model's weights, on packed weights (verifiers/skinny.py), and through the
+    stream kernel where it serves (verifiers/stream.py; the only form timed at one row besides
+    stock), keeps the fastest form for that size (``LatencyCurve.skinny`` / ``.packed`` /
+    ``.stream``; later rounds time that form), and
     the verifier's ``linear="auto"`` then runs each tree size in its fastest form: the curve
     measures the verifier as it will run. With ``measure_head``, the LM head alone is then timed on growing
     row counts (:func:`_measure_head`): what the prefill's extra logit rows cost. ``progress(text)``

@@ -8,8 +8,9 @@ row and 231 ms for four; ``weight @ x.T``, 53 ms for four). Computing the same p
 
 :func:`rerouted` does this *temporarily*, through the stock model: for the duration of one tree
 pass, every plain ``torch.nn.Linear`` of the model gets an instance ``forward`` that computes
-rows 2..``MAX_ROWS`` as ``weight @ x.T`` in the calling thread, and exactly ``F.linear``
-otherwise (one-token steps, other threads, larger inputs); the instance attributes are removed
+rows 2..``MAX_ROWS`` as ``weight @ x.T`` in the calling thread (the ``stream`` form, rows
+1..``MAX_ROWS`` through verifiers/stream.py), and exactly ``F.linear`` otherwise (one-token
+steps of the other forms, other threads, larger inputs); the instance attributes are removed
 afterwards, so the model's modules are what they were. Rounding differs from ``F.linear``'s (as a
 multi-row GEMM's already differs from a one-row GEMV's): float32 outputs stay identical to greedy
 decoding unless a near-tie flips, which ``goose bench`` reports with its logit gap.
