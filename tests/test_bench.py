@@ -477,3 +477,17 @@ def test_bench_refuses_samples_with_turns(tiny_model_dir, capsys):
     assert "cannot be combined" in capsys.readouterr().err
     assert main(["bench", "--model", str(tiny_model_dir), "--samples", "0", "--out", ""]) != 0
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_the_verifier_alone_is_reported_beside_drafting():
+    """``greedy`` (Goose's plain steps) against transformers' greedy, and each drafting method over it."""
+    rows = [
+        {"dataset": "ALL", "method": "ar", "speedup_pooled": 1.0, "speedup_median": 1.0},
+        {"dataset": "ALL", "method": "greedy", "speedup_pooled": 1.5, "speedup_median": 1.4},
+        {"dataset": "ALL", "method": "spine-fit", "speedup_pooled": 3.0, "speedup_median": 2.0},
+        {"dataset": "demo", "method": "greedy", "speedup_pooled": 9.0, "speedup_median": 9.0},
+    ]
+    line = bench.verifier_line(rows)
+    assert line.startswith("Verifier alone (greedy: Goose's plain steps, no drafts): 1.50x transformers' greedy, pooled (1.40x median)")
+    assert "spine-fit 2.00x" in line and "ar " not in line.split("Drafting")[1]
+    assert bench.verifier_line([r for r in rows if r["method"] != "greedy"]) is None
