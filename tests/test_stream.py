@@ -211,6 +211,21 @@ def test_auto_runs_the_calibrated_sizes_one_row_included(monkeypatch):
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
 
 
+def _real_weights_through_the_kernel(model, rows: tuple[int, ...]) -> set:
+    """Every distinct weight shape of the model's linear layers through the kernel at these row counts,
+    against the float64 product; the shapes seen."""
+    g = torch.Generator().manual_seed(4)
+    seen = set()
+    for m in skinny.linears(model):
+        if m.weight.shape in seen:
+            continue
+        seen.add(m.weight.shape)
+        for n in rows:
+            x = torch.randn(n, m.weight.shape[1], generator=g)
+            _close_to_float64(stream.linear(x, m.weight, m.bias), x, m.weight, m.bias)
+    return seen
+
+
 @pytest.mark.real_model
 def test_smollm2_with_the_kernel_forced(monkeypatch):
     """SmolLM2 float32: the kernel on its real weights (every layer, the whole LM head), and decoders with
@@ -224,16 +239,7 @@ def test_smollm2_with_the_kernel_forced(monkeypatch):
             pytest.fail("SmolLM2 not pulled: run `goose models pull smollm2`")
         pytest.skip("SmolLM2 not pulled")
     model, tok = models.load("smollm2", "float32")
-    g = torch.Generator().manual_seed(4)
-    seen = set()
-    for m in skinny.linears(model):
-        if m.weight.shape in seen:
-            continue
-        seen.add(m.weight.shape)
-        for rows in (1, 5, 32):
-            x = torch.randn(rows, m.weight.shape[1], generator=g)
-            _close_to_float64(stream.linear(x, m.weight, m.bias), x, m.weight, m.bias)
-    assert (49152, 576) in seen  # the tied LM head
+    assert (49152, 576) in _real_weights_through_the_kernel(model, (1, 5, 32))  # the tied LM head
     prompts = [p for p in datasets.demo()][:2]
     for p in prompts:
         ids = tok(p.text, return_tensors="pt")["input_ids"][0].tolist()
@@ -310,13 +316,4 @@ def test_gemma3_real_weights():
             pytest.fail("Gemma-3-270M not pulled: run `goose models pull gemma-3-270m`")
         pytest.skip("Gemma-3-270M not pulled")
     model, _ = models.load("gemma-3-270m", "float32")
-    g = torch.Generator().manual_seed(5)
-    seen = set()
-    for m in skinny.linears(model):
-        if m.weight.shape in seen:
-            continue
-        seen.add(m.weight.shape)
-        for rows in (1, 3, 32):
-            x = torch.randn(rows, m.weight.shape[1], generator=g)
-            _close_to_float64(stream.linear(x, m.weight, m.bias), x, m.weight, m.bias)
-    assert (262144, 640) in seen
+    assert (262144, 640) in _real_weights_through_the_kernel(model, (1, 3, 32))

@@ -2,28 +2,31 @@
 
 Verification is memory-bound only while a pass over n rows costs what reading the weights costs.
 torch's float32 ``F.linear`` on these CPUs does not get there: on an AMD EPYC (AVX-512, 2 threads)
-SmolLM2's 49,152 x 576 LM head took 9.8 ms for one row (11.6 GB/s) and 18.3 ms for 16 rows, and
-Qwen2.5-Coder-1.5B's 151,936 x 1,536 head 58 ms and 191 ms (docs/speed.md). This kernel walks the
-weight in blocks of four output rows; each block is loaded once and multiplied with every input row
-from cache, four input rows at a time, sixteen running sums held in registers (the loop over the
-inner dimension is vectorised by LLVM). The same heads took 5.7 ms and 9.4 ms, 39 ms and 64 ms.
+SmolLM2's 49,152 x 576 LM head took 9.5 ms for one row (11.9 GB/s) and 18.7 ms for 16 rows, and
+Qwen2.5-Coder-1.5B's 151,936 x 1,536 head 57 ms and 157 ms (docs/speed.md). This kernel walks the
+weight in blocks of twelve rows; each block is loaded once and multiplied with every input row from
+cache, two input rows at a time, 24 running sums held in registers (the loop over the inner
+dimension is vectorised by LLVM), threads splitting the blocks. The same heads took 4.2 ms and
+7.4 ms, 20 ms and 53 ms.
 
 Properties the verifier relies on:
 
 - **The weights' own layout**: nothing is packed or copied; the only extra memory is the input
-  padded to a multiple of four rows and the output.
-- **Row invariance**: every output element is computed by the same instruction sequence (the
-  input is padded so that every row goes through the four-row block), so a row's result does not
-  depend on which other rows share the pass, nor on the thread count (each output element is
-  summed by one thread). tests/test_stream.py checks it bit for bit.
+  padded to an even row count and the output.
+- **Row invariance**: every output element is computed by the same instruction sequence (a row
+  alone is padded to two; a weight's last rows that fill no block of twelve go through one loop of
+  their own), so a row's result does not depend on which other rows share the pass, nor on the
+  thread count (each output element is summed by one thread). tests/test_stream.py checks it bit
+  for bit.
 - **Rounding**: the sums run in another order than MKL's, so a result differs from ``F.linear``'s
-  by float32 rounding (about 1e-6 relative); a greedy choice between two logits that close can
-  flip. ``goose bench`` reports any divergence with its logit gap; docs/speed.md counts them.
+  by float32 rounding; a greedy choice between two logits that close can flip. ``goose bench``
+  reports any divergence with its logit gap; docs/speed.md counts them.
 
 numba compiles the kernel for the CPU it runs on (AVX-512, AVX2) on first use and caches the
 machine code on disk; it installs as a wheel (no compiler at install time). Where numba is
 missing, or the weights are not float32 on the CPU, :func:`available` says so and the verifier
-keeps its other forms.
+keeps its other forms. numba's OpenMP threading layer, like torch's, is not fork-safe: a process
+forked after a stream pass should not run one.
 """
 
 from __future__ import annotations
