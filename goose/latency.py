@@ -408,13 +408,13 @@ class _Walk:
         """Round 1: each size in increasing order, in its fastest form at a compared size (else the
         nearest compared size's), until a forward costs ``stop_ratio`` x t(1) (returns None) or, past
         size 4, the walk's share of the budget is spent (returns the size it stopped at)."""
-        from goose.verifiers.skinny import ONE_ROW_FORMS
+        from goose.verifiers.skinny import serves
 
         self.t1 = t1 = min(self.once(1) for _ in range(3))
         for n in sizes:
             if self.forms and n in self.compared:
                 # one row: only the forms that serve it (the others run F.linear there)
-                serve = [f for f in self.forms if n > 1 or f in ONE_ROW_FORMS]
+                serve = [f for f in self.forms if serves(f, n)]
                 self.form[n], dt = self.fastest(n, serve)
                 if n == 1:  # a tree's price is in units of the one-token step as the verifier will run it
                     self.t1 = t1 = min(dt, t1) if self.form[1] is None else dt

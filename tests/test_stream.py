@@ -112,6 +112,16 @@ def _f32(arch):
     return copy.deepcopy(get(arch)).float()
 
 
+_STREAM_MODELS: dict = {}
+
+
+def _model(arch):
+    """A float32 copy of the tiny stock model, made once per architecture."""
+    if arch not in _STREAM_MODELS:
+        _STREAM_MODELS[arch] = _f32(arch)
+    return _STREAM_MODELS[arch]
+
+
 def test_bfloat16_weights_are_refused_with_what_is_allowed():
     model = copy.deepcopy(get("llama")).to(torch.bfloat16)
     with pytest.raises(UnsupportedModelError, match=r"linear='stream' serves float32 weights on the CPU; this "
@@ -121,6 +131,40 @@ def test_bfloat16_weights_are_refused_with_what_is_allowed():
     # auto keeps serving it (stock linears)
     dec = goose.compose(model, None, sources=["pld"], policy="chain")
     assert dec.verifier._form_for(1) is None
+
+
+def test_a_model_without_plain_linear_layers_is_refused():
+    from goose.testing import ToyCausalLM
+
+    with pytest.raises(UnsupportedModelError, match=r"linear='stream' found no plain torch.nn.Linear layers in this "
+                                                    r"model to serve\. Allowed: 'auto', 'stock'\. Hint"):
+        goose.compose(ToyCausalLM(16), None, sources=["pld"], policy="chain", verifier_options={"linear": "stream"})
+
+
+def _walk(times):
+    """The calibration's walk over fake timings: ``times(n, form)`` seconds (form None: stock)."""
+    import time
+
+    from goose.latency import _Walk
+
+    return _Walk(lambda n, f=None: times(n, f), ["skinny", "stream"], 64, lambda text: None, time.perf_counter(),
+                 1e9, 12.0)
+
+
+def test_calibration_compares_one_row_and_drops_forms_far_slower():
+    # stream fastest everywhere; stock and skinny over 1.5x it at the warm-up's size: neither compared after
+    w = _walk(lambda n, f: {None: 1.0 + 0.1 * n, "stream": 0.6 + 0.05 * n, "skinny": 0.9 + 0.1 * n}[f])
+    w.warm_up(8)
+    assert w.forms == ["stream"] and not w.stock_compared
+    w.walk([1, 2, 3, 4])
+    assert [w.form[n] for n in (1, 2, 3, 4)] == ["stream"] * 4
+    assert w.t1 == pytest.approx(0.65)  # trees are priced in units of the one-token step as it will run
+    # stock's one-row GEMV is timed at one row even when stock was dropped: there it can still win
+    w = _walk(lambda n, f: {None: 0.5 if n == 1 else 3.0, "stream": 0.6 + 0.05 * n, "skinny": 9.0}[f])
+    w.warm_up(8)
+    assert not w.stock_compared
+    w.walk([1, 2])
+    assert w.form[1] is None and w.form[2] == "stream" and w.t1 == pytest.approx(0.5)
 
 
 def test_missing_numba_is_refused_with_a_hint(monkeypatch):
@@ -158,7 +202,7 @@ def stream_greedy(model, prompt, n):
     p=st.sampled_from([0.5, 0.9]),
 )
 def test_arbitrary_trees_equal_greedy_under_the_kernel(arch, prompt, n, budget, seed, p):
-    model = _STREAM_MODELS.setdefault(arch, _f32(arch))
+    model = _model(arch)
     ref = stream_greedy(model, prompt, n)
     src = ReferenceTreeSource(prompt + ref, seed, p, V, p_chain=0.4)
     dec = goose.compose(model, None, sources=[src], policy="proposal", budget=budget,
@@ -167,9 +211,6 @@ def test_arbitrary_trees_equal_greedy_under_the_kernel(arch, prompt, n, budget, 
     assert out.token_ids == ref
     passes = out.stats.extra["verifier"].get("stream_passes", 0)
     assert passes == out.stats.steps  # every pass after the prefill, one-token steps included, ran the kernel
-
-
-_STREAM_MODELS: dict = {}
 
 
 def _property_fails() -> bool:
@@ -197,7 +238,7 @@ def test_fault_rows_out_of_order_is_caught(monkeypatch):
 def test_auto_runs_the_calibrated_sizes_one_row_included(monkeypatch):
     from goose import latency
 
-    model = _STREAM_MODELS.setdefault("llama", _f32("llama"))
+    model = _model("llama")
     curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), skinny=(2,), stream=(1, 4))
     monkeypatch.setattr(latency, "cached_curve", lambda m, setup=None: curve)
     v = goose.compose(model, None, sources=["pld"], policy="chain", budget=8).verifier
@@ -262,7 +303,7 @@ def test_smollm2_with_the_kernel_forced(monkeypatch):
 def test_one_decoder_in_four_threads_with_the_kernel(policy, sample):
     """The kernel entered by four threads at once (numba's parallel region from each): every call equals
     the same call made alone."""
-    model = _STREAM_MODELS.setdefault("llama", _f32("llama"))
+    model = _model("llama")
     calls = [[dict(prompt=[(3 * t + 5 * j + i) % V for i in range(14)] * 2, n=12 + 5 * t, seed=100 * t + j if sample else None)
               for j in range(2)] for t in range(4)]
 

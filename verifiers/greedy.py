@@ -196,10 +196,8 @@ class GreedyTreeVerifier(Verifier):
         """The form a pass of n nodes runs its linear layers in ("skinny", "packed", "stream"; None: stock)."""
         if not self._linears or not (1 <= n <= skinny.MAX_ROWS):
             return None
-        if n == 1 and self.options.linear in skinny.FORMS and self.options.linear not in skinny.ONE_ROW_FORMS:
-            return None
         if self.options.linear in skinny.FORMS:
-            return self.options.linear
+            return self.options.linear if skinny.serves(self.options.linear, n) else None
         if self._forms is None:
             self._resolve_forms()
         return self._forms.get(n)

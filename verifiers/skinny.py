@@ -67,6 +67,11 @@ _packs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _pack_lock = threading.Lock()
 
 
+def serves(form: str | None, rows: int) -> bool:
+    """Whether ``form`` computes a linear layer of ``rows`` rows (else that layer runs ``F.linear``)."""
+    return form is not None and (2 <= rows <= MAX_ROWS or (rows == 1 and form in ONE_ROW_FORMS))
+
+
 def _form() -> str | None:
     forms = getattr(_local, "forms", None)
     return forms[-1] if forms else None
@@ -75,7 +80,7 @@ def _form() -> str | None:
 def _tree_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     form = _form()
-    if form is None or not (2 <= rows <= MAX_ROWS or (rows == 1 and form in ONE_ROW_FORMS)):
+    if not serves(form, rows):
         return F.linear(x, self.weight, self.bias)
     x2 = x.reshape(rows, x.shape[-1])
     if form == "stream":

@@ -185,14 +185,6 @@ def _threading():
     return numba, numba.threading_layer() == "workqueue"
 
 
-def numba_version() -> str | None:
-    try:
-        import numba
-    except ImportError:
-        return None
-    return numba.__version__
-
-
 def supported(weight: torch.Tensor) -> bool:
     """Whether this kernel can serve a layer of this weight: float32, on the CPU, 2-D."""
     return weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2
