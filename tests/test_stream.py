@@ -11,7 +11,6 @@ import copy
 import inspect
 import os
 import sys
-import threading
 
 import pytest
 import torch
@@ -302,7 +301,9 @@ def test_smollm2_with_the_kernel_forced(monkeypatch):
 @pytest.mark.parametrize("policy", ["spine", "iso3"])
 def test_one_decoder_in_four_threads_with_the_kernel(policy, sample):
     """The kernel entered by four threads at once (numba's parallel region from each): every call equals
-    the same call made alone."""
+    the same call made alone (tests/test_threads.py's calls and runner)."""
+    from test_threads import _generate, run_threads
+
     model = _model("llama")
     calls = [[dict(prompt=[(3 * t + 5 * j + i) % V for i in range(14)] * 2, n=12 + 5 * t, seed=100 * t + j if sample else None)
               for j in range(2)] for t in range(4)]
@@ -311,36 +312,14 @@ def test_one_decoder_in_four_threads_with_the_kernel(policy, sample):
         return goose.compose(model, None, sources=["pld", "tr"], policy=policy, budget=24,
                              verifier_options={"linear": "stream"})
 
-    def gen(dec, c):
-        if not sample:
-            return dec.generate(c["prompt"], max_new_tokens=c["n"]).token_ids
-        g = torch.Generator().manual_seed(c["seed"])
-        return dec.generate(c["prompt"], max_new_tokens=c["n"], do_sample=True, temperature=0.7, generator=g).token_ids
-
     alone = compose()
-    expected = {(t, j): gen(alone, c) for t, cs in enumerate(calls) for j, c in enumerate(cs)}
+    expected = {(t, j): _generate(alone, c, sample) for t, cs in enumerate(calls) for j, c in enumerate(cs)}
     if not sample:
         assert expected[0, 0] == stream_greedy(model, calls[0][0]["prompt"], calls[0][0]["n"])
-    dec = compose()
-    got, errors = {}, []
-    start = threading.Barrier(len(calls))
-
-    def work(t):
-        try:
-            start.wait()
-            for j, c in enumerate(calls[t]):
-                got[t, j] = gen(dec, c)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
     before = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)  # threads interleave inside every forward
     try:
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(len(calls))]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        got, errors = run_threads(compose(), calls, sample)
     finally:
         sys.setswitchinterval(before)
     assert not errors, errors[0]
