@@ -2,12 +2,20 @@
 
 For each engine configuration (no speculation, vLLM's ``ngram``, vLLM's ``suffix`` when this
 build has it, ``goose.vllm.Proposer``) one engine is started, and the same prompts are decoded
-greedily at each concurrency c (the prompts submitted in waves of c requests, each wave decoded
-together until its last request finishes). Printed per dataset, configuration and concurrency: output
-tokens per second (wall time of the whole ``generate``), the speedup over no speculation at the
-same concurrency, the mean accepted tokens per verification step (vLLM's spec-decode metrics) and
-whether every output equals the no-speculation output. Goose's own loop (one request at a time)
-runs on the same prompts for reference. Each engine runs in a process of its own, one after
+at each concurrency c with **c requests in flight**: c are submitted, and each time one finishes
+the next prompt is submitted (a closed loop, as a serving benchmark's ``--max-concurrency c``),
+so a request that finishes early frees its slot for the next one. Before each concurrency's timed
+phase the engine serves ``--warmup`` prompts (the tune split's, never the timed ones) untimed at
+that concurrency: vLLM's CPU linear layers build a oneDNN primitive the first time they see a
+row count, and a server past its first minutes has them. Goose's proposer forgets its
+cross-request history (``suffix``) before each warm-up, so no timed prompt is drafted from its own
+answer at an earlier concurrency; its measured rates and step costs stay, as in a running server.
+
+Printed per dataset, configuration and concurrency: output tokens per second (wall time of the
+phase), the speedup over no speculation at the same concurrency, the mean accepted tokens per
+verification step (vLLM's spec-decode metrics), whether every output equals the no-speculation
+output, and Goose's proposer's own milliseconds per step. Goose's own loop (one request at a
+time) runs on the same prompts for reference. Each engine runs in a process of its own, one after
 the other (a third engine started in one process fails in vLLM 0.32's CPU kernel registration);
 the engine core runs in that process.
 
@@ -64,6 +72,8 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (0: greedy); sampled outputs are seeded per request but not "
                     "expected to equal the no-speculation engine's (vLLM's rejection sampler draws differently)")
+    ap.add_argument("--warmup", default="tune",
+                    help="prompts served untimed before each concurrency (max(4, c) of them, 32 tokens); '' for none")
     ap.add_argument("--out", default="vllm-serving.json")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one configuration, write --out
     args = ap.parse_args()
@@ -78,6 +88,7 @@ def main() -> int:
     sets = {}
     for spec in args.datasets.split(","):
         sets[spec] = [[{"role": "user", "content": p.text}] for p in select_prompts(spec, args.data_dir)]
+    warm = [[{"role": "user", "content": p.text}] for p in select_prompts(args.warmup, args.data_dir)] if args.warmup else []
     conc = [int(c) for c in args.concurrency.split(",")]
     have_suffix = True
     try:
@@ -126,31 +137,39 @@ def main() -> int:
         start = time.perf_counter() - t0
         sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                                  seed=0 if args.temperature > 0 else None)
-        llm.chat(sets[next(iter(sets))][:1], sp, use_tqdm=False)  # warm-up
+        tok = llm.get_tokenizer()
+        ids = {}  # chat -> prompt token ids (one template for every engine)
+
+        def prompt_ids(chat):
+            key = chat[0]["content"]
+            if key not in ids:
+                ids[key] = [int(t) for t in tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]]
+            return ids[key]
+
+        warm_sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=32, seed=0 if args.temperature > 0 else None)
         for c in conc:
-            # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved,
-            # in waves of c requests (so a wave mixes datasets, as a server's batch would)
+            forget_history()
+            if warm:
+                closed_loop(llm, [prompt_ids(ch) for ch in warm[: max(4, c)]], warm_sp, c)
+            # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved (a batch
+            # mixes datasets, as a server's would)
             groups = dict(sets) if c == 1 else {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
             for ds, chats in groups.items():
                 before = spec_metrics(llm)
                 seen = len(read_trace(trace))
                 t = time.perf_counter()
-                outs = []
-                for j in range(0, len(chats), c):
-                    outs += llm.chat(chats[j : j + c], sp, use_tqdm=False)
+                toks = closed_loop(llm, [prompt_ids(ch) for ch in chats], sp, c)
                 dt = time.perf_counter() - t
                 after = spec_metrics(llm)
-                toks = [list(o.outputs[0].token_ids) for o in outs]
                 n = sum(len(x) for x in toks)
                 d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
                 drafts = d.get("vllm:spec_decode_num_drafts") or 0
                 acc = d.get("vllm:spec_decode_num_accepted_tokens") or 0
                 drafted = d.get("vllm:spec_decode_num_draft_tokens") or 0
-                same, base = None, None  # set by the parent, against the no-speculation engine
                 row = dict(dataset=ds, config=name, concurrency=c, prompts=len(chats), tokens=n, seconds=round(dt, 3),
-                           tok_s=round(n / dt, 2), speedup=round(n / dt / base, 3) if base else None,
+                           tok_s=round(n / dt, 2), speedup=None,  # set by the parent, against the no-speculation engine
                            accepted_per_draft=round(acc / drafts, 3) if drafts else None,
-                           acceptance=round(acc / drafted, 3) if drafted else None, identical=same,
+                           acceptance=round(acc / drafted, 3) if drafted else None, identical=None,
                            engine_start_s=round(start, 1), **propose_time(read_trace(trace)[seen:]))
                 rows.append(row)
                 outputs[f"{ds}|{c}"] = toks
@@ -159,6 +178,45 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump({"rows": rows, "tokens": outputs}, f)
     return 0
+
+
+_ids = iter(range(1 << 62))
+
+
+def closed_loop(llm, prompts: list[list[int]], sp, c: int) -> list[list[int]]:
+    """Decode ``prompts`` with ``c`` requests in flight: each one that finishes is replaced by the next prompt.
+    The output tokens, in the prompts' order."""
+    eng = llm.llm_engine
+    todo = iter(enumerate(prompts))
+    out: dict[str, tuple[int, list[int]]] = {}
+    names: dict[str, int] = {}
+
+    def submit() -> int:
+        nxt = next(todo, None)
+        if nxt is None:
+            return 0
+        rid = f"b{next(_ids)}"
+        names[rid] = nxt[0]
+        eng.add_request(rid, {"prompt_token_ids": nxt[1]}, sp)
+        return 1
+
+    flying = sum(submit() for _ in range(c))
+    while flying:
+        for o in eng.step():
+            if o.finished:
+                out[o.request_id] = (names[o.request_id], list(o.outputs[0].token_ids))
+                flying += submit() - 1
+    return [t for _, t in sorted(out.values())]
+
+
+def forget_history() -> None:
+    """Goose's proposers in this process forget what they learned across requests (``suffix``'s history)."""
+    try:
+        from goose.vllm import Proposer
+    except ImportError:
+        return
+    for p in Proposer.instances():
+        p.forget()
 
 
 def read_trace(path: str) -> list:

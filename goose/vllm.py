@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -80,6 +81,14 @@ class _Live:
     step: int = 0
     prev_anchor: int | None = None
     rows: int = 0  # rows this request was counted for in the step its last draft went into (0: none)
+    expect: float = 0.0  # the sources' expected accepted tokens of what was drafted last call (their reach)
+    expected: float = 0.0  # summed over this request's drafts so far, and what was accepted of them
+    accepted: float = 0.0
+
+    def factor(self, weight: float) -> float:
+        """This request's accepted tokens over what the sources' rates expected of its drafts, shrunk toward 1
+        by ``weight`` expected tokens (a sampled request, or a prompt drafts fit badly, reads below 1)."""
+        return min(2.0, (self.accepted + weight) / (self.expected + weight))
 
 
 class Proposer:
@@ -92,6 +101,8 @@ class Proposer:
     #: the reach below which nothing is drafted before the step cost has been measured
     start_reach: float = 0.3
 
+    #: expected tokens of prior weight on a request's own acceptance factor (:meth:`_Live.factor`)
+    request_weight: float = 2.0
     #: a fixed reach floor instead of the measured step cost (None: measured)
     min_reach: float | None = None
     #: the clock steps are timed with (a simulated engine sets its own)
@@ -117,7 +128,8 @@ class Proposer:
             self.min_reach = min_reach
         if self.min_reach is not None and not 0.0 <= self.min_reach <= 1.0:
             raise InvalidInputError(f"min_reach must be in [0, 1] (a probability), got {self.min_reach!r}")
-        self.pristine = build_sources(sources if sources is not None else os.environ.get(ENV_SOURCES) or self.sources)
+        self._spec = sources if sources is not None else os.environ.get(ENV_SOURCES) or self.sources
+        self.pristine = build_sources(self._spec)
         self.rates = SourceRates(self.prior, self.prior_weight, max_depth=max(16, self.k), carry=1.0)
         self.live: dict[int, _Live] = {}  # by batch row
         self.cost = StepCost()
@@ -129,6 +141,20 @@ class Proposer:
         self.counts["rested"] = 0
         self.trace_path = os.environ.get(ENV_TRACE) or None
         self.trace: list[tuple[int, int, float]] = []
+        _INSTANCES.add(self)
+
+    @staticmethod
+    def instances() -> list[Proposer]:
+        """The proposers built in this process (vLLM builds one per engine, in its worker: the calling process
+        with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and a single CPU worker)."""
+        return list(_INSTANCES)
+
+    def forget(self) -> None:
+        """Forget what the sources learned across requests (``suffix``'s history of earlier generations):
+        requests that start from now on are drafted as in a fresh engine. The measured acceptance rates and
+        step costs are kept (they are statistics of the engine, not text). A benchmark calls it between
+        phases, so no prompt is drafted from its own answer in an earlier phase."""
+        self.pristine = build_sources(self._spec)
 
     # -- vLLM's interface ------------------------------------------------------------------------
     def load_model(self, *args, **kwargs) -> None:
@@ -141,12 +167,15 @@ class Proposer:
         nts = np.asarray(num_tokens_no_spec).reshape(-1)
         old, self.live = self.live, {}
         pending = []
+        prompt = False  # the step just run carried prompt tokens (a request's prefill, or a chunk of one)
         for i in range(rows):
             n = int(nts[i]) if nts.size > 1 else int(nts[0]) if nts.size else 0
             row = toks_np[i, :n]
             st, moved = _claim(old, i, row)
+            prompt = prompt or not len(sampled_token_ids[i])
             if st is None and n > 0:
                 st = self._new(row, len(sampled_token_ids[i]))
+                prompt = True
             self.counts["rematched"] += moved
             if st is not None:
                 self.live[i] = st
@@ -166,10 +195,13 @@ class Proposer:
                 while a < min(len(st.drafted), len(sampled) - 1) and st.drafted[a] == sampled[a]:
                     a += 1
                 self.counts["accepted"] += a
+                if st.drafted:
+                    st.expected += st.expect
+                    st.accepted += a
             tokens_now += len(sampled)
             if len(row) > len(st.tokens):
                 st.tokens.extend(int(t) for t in row[len(st.tokens) :])
-            st.chains, st.drafted, st.rows = {}, [], 0
+            st.chains, st.drafted, st.rows, st.expect = {}, [], 0, 0.0
             if not sampled:
                 continue  # not decoding this step (a prefill chunk): nothing to draft
             chain, reach = self._draft(st) if not self.resting else ([], [])
@@ -177,14 +209,15 @@ class Proposer:
         if self.resting:
             self.resting -= 1
             self.counts["rested"] += 1
-        counts = self.plan([r for _, _, _, r in laid])
+        counts = self.plan([self._scaled(st, r) for _, st, _, r in laid])
         rows_verified = 0
-        for (i, st, chain, _), n in zip(laid, counts):
+        for (i, st, chain, reach), n in zip(laid, counts):
             out[i] = st.drafted = chain[:n]
+            st.expect = sum(reach[:n])  # in the sources' own terms (the factor's denominator)
             st.rows = 1 + n
             rows_verified += 1 + n
             self.counts["drafted"] += n
-        self.cost.step(now, rows_verified, tokens_now, left)
+        self.cost.step(now, rows_verified, tokens_now, left, prompt=prompt)
         self.counts["steps"] += 1
         spent = perf_counter() - wall
         self.propose_s += spent
@@ -237,6 +270,12 @@ class Proposer:
         return counts
 
     # -- per request -----------------------------------------------------------------------------
+    def _scaled(self, st: _Live, reach: list[float]) -> list[float]:
+        """The sources' reach for this request, times its own measured factor; a factor above 1 lifts no
+        depth past 0.98 (or its own reach, if higher): a request that has drafted well is not certain."""
+        f = st.factor(self.request_weight)
+        return reach if f == 1.0 else [min(max(r, 0.98), r * f) for r in reach]
+
     def _new(self, row: np.ndarray, n_sampled: int) -> _Live:
         tokens = [int(t) for t in row]
         prompt_len = max(1, len(tokens) - n_sampled)  # a prefill chunk (nothing sampled yet) is all prompt
@@ -293,8 +332,12 @@ class Proposer:
     def stats(self) -> dict:
         steps = max(1, self.counts["steps"])
         return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "cost_by_rows": self.cost.table(),
+                "steps_with_prompt": self.cost.skipped,
                 "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
                 "propose_ms_max": round(1e3 * self.propose_max_s, 3), "rates": self.rates.snapshot()}
+
+
+_INSTANCES: weakref.WeakSet[Proposer] = weakref.WeakSet()
 
 
 def _claim(old: dict[int, _Live], i: int, row: np.ndarray) -> tuple[_Live | None, bool]:
@@ -322,14 +365,18 @@ class StepCost:
     """The engine step's time as a function of the rows it verifies (one per decoding request plus its drafted
     tokens), measured as the engine runs it: each ``propose`` call ends the step the previous call's drafts
     went into, and the time between the calls is that step's (forward, sampling, rejection sampler, scheduler,
-    and this proposer's own ``propose``). Old steps are decayed, so the estimates follow the load.
+    and this proposer's own ``propose``). Old steps are decayed, so the estimates follow the load. A step that
+    carried prompt tokens (a request joining, or a chunk of its prompt) is not counted: its time is the
+    prompt's, which the rows do not predict (counted, such steps made small row counts look slower than
+    large ones, and every larger count as slow, so drafting looked free).
 
     - per bucket of rows (exact up to 8, then a quarter wider each), the decayed mean step time;
     - a decayed least-squares line ``a + b * rows`` over every step, for rows no bucket has seen.
 
-    :meth:`cost` reads the buckets, interpolating between measured ones and extrapolating past the largest
-    with the line's slope (or in proportion to the rows while no slope can be read), below the smallest along
-    the line (at most the smallest's time), never decreasing with the rows."""
+    :meth:`cost` reads the buckets made non-decreasing in the rows (adjacent buckets that disagree are pooled,
+    weighted by their steps), interpolating between them and extrapolating past the largest with the line's
+    slope (or in proportion to the rows while no slope can be read), below the smallest along the line (at
+    most the smallest's time)."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 8):
         self.decay, self.min_steps = decay, min_steps
@@ -338,16 +385,19 @@ class StepCost:
         self.buckets: dict[int, list[float]] = {}  # bucket -> decayed [weight, sum of seconds, sum of rows]
         self._last: tuple[float, int] | None = None
         self._memo: dict[int, float] = {}
+        self.skipped = 0  # steps not counted because they carried prompt tokens
 
     @staticmethod
     def bucket(rows: int) -> int:
         return rows if rows <= 8 else 8 + int(np.log(rows / 8.0) / np.log(1.25))
 
-    def step(self, now: float, rows: int, tokens_now: int, left: int = 0) -> None:
+    def step(self, now: float, rows: int, tokens_now: int, left: int = 0, prompt: bool = False) -> None:
         """A call at ``now`` plans ``rows`` rows for the coming step; the step just run verified the rows
-        the last call planned, less ``left`` (those of requests that left the batch before it ran)."""
+        the last call planned, less ``left`` (those of requests that left the batch before it ran), and
+        carried prompt tokens if ``prompt`` (then it is not counted)."""
         last, self._last = self._last, (now, rows)
-        if last is None or last[1] - left <= 0:
+        if last is None or last[1] - left <= 0 or prompt:
+            self.skipped += prompt
             return
         dt = now - last[0]
         x = float(last[1] - left)
@@ -384,10 +434,9 @@ class StepCost:
         c = self._memo.get(rows)
         if c is not None:
             return c
-        pts = sorted((v[2] / v[0], v[1] / v[0]) for v in self.buckets.values() if v[0] > 0.05)
+        pts = self.curve()
         below = [(x, y) for x, y in pts if x <= rows]
         above = [(x, y) for x, y in pts if x > rows]
-        floor = max((y for _, y in below), default=0.0)  # never cheaper than a smaller measured step
         if below and above:
             (x0, y0), (x1, y1) = below[-1], above[0]
             c = y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
@@ -399,9 +448,24 @@ class StepCost:
             x1, y1 = above[0]
             f = self.fit()
             c = min(y1, f[0] + f[1] * rows) if f is not None else y1
-        c = max(c, floor, 1e-9)
+        c = max(c, 1e-9)
         self._memo[rows] = c
         return c
+
+    def curve(self) -> list[tuple[float, float]]:
+        """``[(rows, seconds), ...]`` of the measured buckets, by rows, made non-decreasing: a bucket slower
+        than the next is pooled with it (pool-adjacent-violators, weighted by the buckets' decayed steps)."""
+        blocks: list[list[float]] = []  # [weight, weighted rows, weighted seconds]
+        for v in sorted(self.buckets.values(), key=lambda v: v[2] / v[0] if v[0] else 0.0):
+            if v[0] <= 0.05:
+                continue
+            blocks.append([v[0], v[2], v[1]])
+            while len(blocks) > 1 and blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]:
+                w, x, y = blocks.pop()
+                blocks[-1][0] += w
+                blocks[-1][1] += x
+                blocks[-1][2] += y
+        return [(x / w, y / w) for w, x, y in blocks]
 
     def table(self) -> dict:
         """``{rows: mean ms}`` of the buckets measured, for the stats."""

@@ -394,3 +394,102 @@ def test_plan_takes_the_likeliest_tokens_across_the_batch():
     counts = p.plan([[0.99, 0.98, 0.97, 0.96], [0.2, 0.1]])
     assert counts == [2, 0], counts
     assert p.plan([[], []]) == [0, 0]
+
+
+class JoiningEngine(TimedEngine):
+    """A server's loop: ``n_req`` requests in flight, each one that finishes replaced by the next; a step in
+    which a request joins also runs its prompt, at ``prompt_cost`` seconds (what the proposer cannot see)."""
+
+    def __init__(self, proposer, cost, prompt_cost, texts, n_req=8):
+        super().__init__(proposer, cost)
+        self.prompt_cost, self.texts, self.next = prompt_cost, texts, 0
+        for _ in range(n_req):
+            self.join()
+
+    def join(self):
+        if self.next < len(self.texts):
+            full = self.texts[self.next]
+            self.add(f"q{self.next}", full[:40], full[40:])
+            self.next += 1
+
+    def step(self):
+        if any(self.req[r]["new"] for r in self.rows):
+            self.t += self.prompt_cost
+        done = [r for r in self.rows if r in self.done]
+        out = super().step()
+        for _ in done:
+            self.join()
+        return out
+
+
+def test_steps_that_run_a_prompt_do_not_price_the_rows():
+    """Compute-bound rows (time proportional to them) and requests joining all the time, each join's step
+    slowed by its prompt: those steps are not counted, so the curve stays the rows' own and no draft is
+    planned once measured (counted, the slow joins at small row counts made every larger count look as slow,
+    and drafting free)."""
+    texts = [text(100 + j, 40 + 30) for j in range(40)]
+    p = Proposer(config(k=8, max_len=600), sources=["pld"])
+    eng = JoiningEngine(p, lambda rows: 0.004 * rows, prompt_cost=0.5, texts=texts)
+    drafted = []
+    while eng.rows:
+        _, d = eng.step()
+        drafted.append(sum(len(x) for x in d))
+    assert p.cost.skipped >= 25, p.cost.skipped  # the steps of the joins after the first wave
+    late = drafted[p.cost.min_steps + p.cost.skipped // 4 + 10:]
+    assert sum(late) <= 2, drafted
+    curve = p.cost.curve()
+    assert all(y1 >= y0 for (_, y0), (_, y1) in zip(curve, curve[1:])), curve
+    assert max(y for _, y in curve) < 0.2, curve  # the prompts' half-second steps are not in it
+
+
+def test_the_cost_curve_pools_a_slow_small_bucket_instead_of_lifting_every_larger_one():
+    c = StepCost()
+    # [weight, sum of seconds, sum of rows]: 8 rows once read 0.3 s (an outlier), 16 and 32 rows many times
+    c.buckets = {c.bucket(4): [10.0, 0.4, 40.0], c.bucket(8): [0.5, 0.15, 4.0], c.bucket(16): [10.0, 0.6, 160.0],
+                 c.bucket(32): [10.0, 1.0, 320.0]}
+    c.steps, c._memo = 30, {}
+    curve = c.curve()
+    assert [round(x, 2) for x, _ in curve] == [4.0, 15.62, 32.0]  # 8 and 16 pooled, by weight
+    assert all(y1 >= y0 for (_, y0), (_, y1) in zip(curve, curve[1:]))
+    assert abs(c.cost(32) - 0.1) < 1e-12 and c.cost(24) < 0.1 and c.cost(8) < 0.07
+    assert all(c.cost(r) <= c.cost(r + 1) for r in range(1, 60))
+
+
+class RejectingEngine(TimedEngine):
+    """Request ``s`` is verified as a sampled request whose sampler never takes a drafted token: every draft
+    is rejected and the target's own token taken; the others are verified greedily."""
+
+    def step(self):
+        if "s" in self.req and "s" in self.rows:
+            self.req["s"]["draft"] = [-1] * len(self.req["s"]["draft"])  # never equal to a target token
+        return super().step()
+
+
+def test_a_request_whose_drafts_are_rejected_stops_drafting_while_the_others_go_on():
+    p = Proposer(config(k=8, max_len=600), sources=["pld"], min_reach=0.3)
+    eng = RejectingEngine(p, lambda rows: 0.05)
+    full = text(7, 200)
+    eng.add("g", full[:40], full[40:])
+    eng.add("s", full[:40], full[40:])  # the same text: the sources propose alike for both
+    while eng.rows:
+        eng.step()
+    per = {"g": [], "s": []}
+    for rid, _, d in eng.log:
+        per[rid].append(len(d))
+    assert sum(per["g"][20:]) > 100, per["g"]
+    assert sum(per["s"][:20]) > 0 and sum(per["s"][20:]) <= 2, per["s"]  # its own acceptance is measured
+    assert eng.accepted > 50
+
+
+def test_forget_drops_the_history_learned_across_requests():
+    p = Proposer(config(k=8, max_len=600), sources=["suffix"], min_reach=0.0)
+    eng = Engine(p)
+    full = text(3, 120)
+    eng.add("a", full[:40], full[40:])
+    while eng.rows:
+        eng.step()
+    eng.step()
+    assert len(p.pristine[0].history) == 1
+    assert p in Proposer.instances()
+    p.forget()
+    assert len(p.pristine[0].history) == 0 and p.rates.snapshot()  # the text is gone, the measured rates stay
