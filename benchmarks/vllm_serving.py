@@ -4,7 +4,8 @@ For each engine configuration (no speculation, vLLM's ``ngram``, vLLM's ``suffix
 build has it, ``goose.vllm.Proposer``) one engine is started, and the same prompts are decoded
 at each concurrency c with **c requests in flight**: c are submitted, and each time one finishes
 the next prompt is submitted (a closed loop, as a serving benchmark's ``--max-concurrency c``),
-so a request that finishes early frees its slot for the next one. Before each concurrency's timed
+so a request that finishes early frees its slot for the next one. Prefix caching is off, so every
+phase computes its prompts (each phase repeats the same prompts). Before each concurrency's timed
 phase the engine serves ``--warmup`` prompts (the tune split's, never the timed ones) untimed at
 that concurrency: vLLM's CPU linear layers build a oneDNN primitive the first time they see a
 row count, and a server past its first minutes has them. Goose's proposer forgets its
@@ -42,7 +43,22 @@ def engine_configs(k: int, have_suffix: bool) -> list[tuple[str, dict | None]]:
     if have_suffix:
         out.append(("suffix", {"method": "suffix", "num_speculative_tokens": k}))
     out.append(("goose", {"method": "custom_class", "model": "goose.vllm.Proposer", "num_speculative_tokens": k}))
+    # speculation on, nothing ever proposed: what the speculative engine costs by itself (only with --configs)
+    out.append(("silent", {"method": "custom_class", "model": "vllm_serving.Silent", "num_speculative_tokens": k}))
     return out
+
+
+class Silent:
+    """A ``custom_class`` proposer that never drafts: the speculative engine's own cost, with no proposal."""
+
+    def __init__(self, vllm_config=None, *args, **kwargs):
+        pass
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+    def propose(self, sampled_token_ids, *args, **kwargs) -> list[list[int]]:
+        return [[] for _ in sampled_token_ids]
 
 
 def spec_metrics(llm) -> dict:
@@ -65,7 +81,10 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens of every speculative engine")
-    ap.add_argument("--configs", default="", help="comma-separated subset of none,ngram,suffix,goose")
+    ap.add_argument("--configs", default="none,ngram,suffix,goose",
+                    help="comma-separated subset of none,ngram,suffix,goose,silent (silent: speculation on, nothing proposed)")
+    ap.add_argument("--c1-prompts", type=int, default=0,
+                    help="at concurrency 1, only the first N prompts of each dataset (0: all)")
     ap.add_argument("--goose-loop", default="pld+tr/spine-fit", help="Goose's own loop for reference ('' to skip)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile; faster engine start)")
@@ -96,9 +115,8 @@ def main() -> int:
     except ImportError:
         have_suffix = False
     configs = engine_configs(args.k, have_suffix)
-    if args.configs:
-        keep = set(args.configs.split(","))
-        configs = [c for c in configs if c[0] in keep]
+    keep = set(args.configs.split(","))
+    configs = [c for c in configs if c[0] in keep]
     print(f"vLLM {vllm.__version__}, model {args.model} float32, k={args.k}, {args.max_tokens} tokens; "
           f"CPU: {machine.describe()}; vLLM suffix method: {'yes' if have_suffix else 'no (arctic-inference not installed)'}",
           flush=True)
@@ -120,6 +138,7 @@ def main() -> int:
                     row["speedup"] = round(row["tok_s"] / tokens[key][1], 3)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        print_table(rows)
         rows += goose_loop(args, sets) if args.goose_loop else []
         with open(args.out, "w") as f:
             json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "rows": rows}, f, indent=1)
@@ -133,7 +152,7 @@ def main() -> int:
         t0 = time.perf_counter()
         kw = {"speculative_config": spec} if spec else {}
         llm = vllm.LLM(model=path, dtype="float32", max_model_len=4096, seed=0, max_num_seqs=max(conc),
-                       enforce_eager=args.eager, disable_log_stats=False, **kw)
+                       enforce_eager=args.eager, disable_log_stats=False, enable_prefix_caching=False, **kw)
         start = time.perf_counter() - t0
         sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                                  seed=0 if args.temperature > 0 else None)
@@ -153,7 +172,10 @@ def main() -> int:
                 closed_loop(llm, [prompt_ids(ch) for ch in warm[: max(4, c)]], warm_sp, c)
             # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved (a batch
             # mixes datasets, as a server's would)
-            groups = dict(sets) if c == 1 else {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
+            if c == 1:
+                groups = {ds: chats[: args.c1_prompts or None] for ds, chats in sets.items()}
+            else:
+                groups = {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
             for ds, chats in groups.items():
                 before = spec_metrics(llm)
                 seen = len(read_trace(trace))
@@ -178,6 +200,26 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump({"rows": rows, "tokens": outputs}, f)
     return 0
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per dataset and concurrency: tokens per second of each engine, its ratio to no speculation,
+    Goose's ratio to ``ngram``, and the identical count."""
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    keys = list(dict.fromkeys((r["dataset"], r["concurrency"]) for r in rows))
+    by = {(r["dataset"], r["concurrency"], r["config"]): r for r in rows}
+    print("\n| prompts | c | " + " | ".join(names) + " | goose / ngram | identical |")
+    print("|---|---|" + "---|" * (len(names) + 2))
+    for ds, c in keys:
+        cells, same = [], []
+        for n in names:
+            r = by.get((ds, c, n))
+            cells.append("-" if r is None else f"{r['tok_s']}" + (f" ({r['speedup']}x)" if r.get("speedup") else ""))
+            if r is not None and r.get("identical") is not None:
+                same.append(f"{n} {'yes' if r['identical'] else 'NO'}")
+        g, ng = by.get((ds, c, "goose")), by.get((ds, c, "ngram"))
+        ratio = f"{g['tok_s'] / ng['tok_s']:.2f}x" if g and ng else "-"
+        print(f"| {ds} | {c} | " + " | ".join(cells) + f" | {ratio} | {', '.join(same)} |")
 
 
 _ids = iter(range(1 << 62))
