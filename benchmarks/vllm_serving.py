@@ -18,7 +18,10 @@ verification step (vLLM's spec-decode metrics), whether every output equals the 
 output, and Goose's proposer's own milliseconds per step. Goose's own loop (one request at a
 time) runs on the same prompts for reference. Each engine runs in a process of its own, one after
 the other (a third engine started in one process fails in vLLM 0.32's CPU kernel registration);
-the engine core runs in that process.
+the engine core runs in that process. With ``--interleave`` each speculative engine shares its
+process with a no-speculation engine instead, their timed phases alternating (the order swapped
+every round, ``--rounds``), so every ratio is measured interleaved: run to run, one engine's tokens
+per second moved by 5-10 % here, more than the differences the targets ask about.
 
     python benchmarks/vllm_serving.py --data-dir DATA --datasets humaneval@41-48,gsm8k@41-48 \
         --concurrency 1,4,16 --max-tokens 64
@@ -30,6 +33,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -93,6 +97,10 @@ def main() -> int:
                     "expected to equal the no-speculation engine's (vLLM's rejection sampler draws differently)")
     ap.add_argument("--warmup", default="tune",
                     help="prompts served untimed before each concurrency (max(4, c) of them, 32 tokens); '' for none")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run each speculative engine in one process with a no-speculation engine, their phases "
+                    "alternating (the order swapped every round), so each ratio is measured interleaved")
+    ap.add_argument("--rounds", type=int, default=1, help="timed phases per engine, dataset and concurrency")
     ap.add_argument("--out", default="vllm-serving.json")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one configuration, write --out
     args = ap.parse_args()
@@ -121,104 +129,140 @@ def main() -> int:
           f"CPU: {machine.describe()}; vLLM suffix method: {'yes' if have_suffix else 'no (arctic-inference not installed)'}",
           flush=True)
     if not args.one:  # each engine in a process of its own (a third engine in one process fails to start)
-        rows, tokens = [], {}
-        for name, _ in configs:
-            part = f"{args.out}.{name}.json"
-            argv = [a for a in sys.argv[1:]]
-            subprocess.run([sys.executable, __file__, *argv, "--one", name, "--out", part, "--goose-loop", ""], check=True)
+        names = [name for name, _ in configs]
+        if args.interleave:  # no speculation and one other engine per process, their phases alternating
+            procs = [f"none+{n}" for n in names if n != "none"]
+        else:
+            procs = names
+        rows, base = [], {}
+        for proc in procs:
+            part = f"{args.out}.{proc}.json"
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", proc, "--out", part, "--goose-loop", ""],
+                           check=True)
             with open(part) as f:
                 got = json.load(f)
-            for row in got["rows"]:
-                key = (row["dataset"], row["concurrency"])
-                toks = got["tokens"][f"{row['dataset']}|{row['concurrency']}"]
-                if name == "none":
-                    tokens[key] = (toks, row["tok_s"])
-                elif key in tokens:
-                    row["identical"] = toks == tokens[key][0]
-                    row["speedup"] = round(row["tok_s"] / tokens[key][1], 3)
+            for row in sorted(got["rows"], key=lambda r: r["config"] != "none"):  # this process's baseline first
+                key = (row["dataset"], row["concurrency"], row["round"])
+                toks = got["tokens"][f"{row['dataset']}|{row['concurrency']}|{row['round']}|{row['config']}"]
+                if row["config"] == "none":
+                    base[key] = (toks, row["tok_s"])
+                elif key in base:
+                    row["identical"] = toks == base[key][0]
+                    row["speedup"] = round(row["tok_s"] / base[key][1], 3)
                 rows.append(row)
-                print(json.dumps(row), flush=True)
         print_table(rows)
         rows += goose_loop(args, sets) if args.goose_loop else []
         with open(args.out, "w") as f:
             json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "rows": rows}, f, indent=1)
         return 0
-    configs = [c for c in configs if c[0] == args.one]
+    names = args.one.split("+")  # one engine, or two interleaved (--interleave)
+    configs = [c for n in names for c in configs if c[0] == n]
     rows, outputs = [], {}
     trace = f"{args.out}.trace"
-    if args.one == "goose":  # the proposer writes its steps there (goose.vllm.ENV_TRACE): its own time per step
+    if "goose" in names:  # the proposer writes its steps there (goose.vllm.ENV_TRACE): its own time per step
         os.environ["GOOSE_VLLM_TRACE"] = trace
+    if len(configs) > 1:  # two engines in one process: each gets a small KV cache (enough for 32 requests here)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "3")
+    engines = []
     for name, spec in configs:
         t0 = time.perf_counter()
         kw = {"speculative_config": spec} if spec else {}
         llm = vllm.LLM(model=path, dtype="float32", max_model_len=4096, seed=0, max_num_seqs=max(conc),
                        enforce_eager=args.eager, disable_log_stats=False, enable_prefix_caching=False, **kw)
-        start = time.perf_counter() - t0
-        sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                                 seed=0 if args.temperature > 0 else None)
-        tok = llm.get_tokenizer()
-        ids = {}  # chat -> prompt token ids (one template for every engine)
+        engines.append((name, llm, time.perf_counter() - t0))
+    sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                             seed=0 if args.temperature > 0 else None)
+    warm_sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=32, seed=0 if args.temperature > 0 else None)
+    tok = engines[0][1].get_tokenizer()
+    ids = {}  # chat -> prompt token ids (one template for every engine)
 
-        def prompt_ids(chat):
-            key = chat[0]["content"]
-            if key not in ids:
-                ids[key] = [int(t) for t in tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]]
-            return ids[key]
+    def prompt_ids(chat):
+        key = chat[0]["content"]
+        if key not in ids:
+            ids[key] = [int(t) for t in tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True,
+                                                                 return_dict=True)["input_ids"]]
+        return ids[key]
 
-        warm_sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=32, seed=0 if args.temperature > 0 else None)
-        for c in conc:
+    for c in conc:
+        for _, llm, _ in engines:
             forget_history()
             if warm:
                 closed_loop(llm, [prompt_ids(ch) for ch in warm[: max(4, c)]], warm_sp, c)
-            # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved (a batch
-            # mixes datasets, as a server's would)
-            if c == 1:
-                groups = {ds: chats[: args.c1_prompts or None] for ds, chats in sets.items()}
-            else:
-                groups = {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
-            for ds, chats in groups.items():
-                before = spec_metrics(llm)
-                seen = len(read_trace(trace))
-                t = time.perf_counter()
-                toks = closed_loop(llm, [prompt_ids(ch) for ch in chats], sp, c)
-                dt = time.perf_counter() - t
-                after = spec_metrics(llm)
-                n = sum(len(x) for x in toks)
-                d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-                drafts = d.get("vllm:spec_decode_num_drafts") or 0
-                acc = d.get("vllm:spec_decode_num_accepted_tokens") or 0
-                drafted = d.get("vllm:spec_decode_num_draft_tokens") or 0
-                row = dict(dataset=ds, config=name, concurrency=c, prompts=len(chats), tokens=n, seconds=round(dt, 3),
-                           tok_s=round(n / dt, 2), speedup=None,  # set by the parent, against the no-speculation engine
-                           accepted_per_draft=round(acc / drafts, 3) if drafts else None,
-                           acceptance=round(acc / drafted, 3) if drafted else None, identical=None,
-                           engine_start_s=round(start, 1), **propose_time(read_trace(trace)[seen:]))
-                rows.append(row)
-                outputs[f"{ds}|{c}"] = toks
-        del llm
-        gc.collect()
+        # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved (a batch
+        # mixes datasets, as a server's would)
+        if c == 1:
+            groups = {ds: chats[: args.c1_prompts or None] for ds, chats in sets.items()}
+        else:
+            groups = {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
+        for ds, chats in groups.items():
+            prompts = [prompt_ids(ch) for ch in chats]
+            for r in range(args.rounds):
+                for name, llm, start in engines[:: 1 if r % 2 == 0 else -1]:  # the order alternates per round
+                    forget_history()
+                    row, toks = phase(llm, prompts, sp, c, trace)
+                    rows.append(dict(dataset=ds, config=name, concurrency=c, round=r, prompts=len(chats),
+                                     engine_start_s=round(start, 1), **row))
+                    outputs[f"{ds}|{c}|{r}|{name}"] = toks
+                    print(json.dumps(rows[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump({"rows": rows, "tokens": outputs}, f)
     return 0
 
 
+def phase(llm, prompts: list[list[int]], sp, c: int, trace: str) -> tuple[dict, list[list[int]]]:
+    """One timed phase: ``prompts`` at concurrency ``c``; its numbers and the output tokens."""
+    before = spec_metrics(llm)
+    seen = len(read_trace(trace))
+    t = time.perf_counter()
+    toks = closed_loop(llm, prompts, sp, c)
+    dt = time.perf_counter() - t
+    after = spec_metrics(llm)
+    n = sum(len(x) for x in toks)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    drafts = d.get("vllm:spec_decode_num_drafts") or 0
+    acc = d.get("vllm:spec_decode_num_accepted_tokens") or 0
+    drafted = d.get("vllm:spec_decode_num_draft_tokens") or 0
+    row = dict(tokens=n, seconds=round(dt, 3), tok_s=round(n / dt, 2), speedup=None, identical=None,
+               accepted_per_draft=round(acc / drafts, 3) if drafts else None,
+               acceptance=round(acc / drafted, 3) if drafted else None)
+    return {**row, **propose_time(read_trace(trace)[seen:])}, toks
+
+
 def print_table(rows: list[dict]) -> None:
-    """One line per dataset and concurrency: tokens per second of each engine, its ratio to no speculation,
-    Goose's ratio to ``ngram``, and the identical count."""
+    """One line per dataset and concurrency: each engine's tokens per second (pooled over rounds) and its
+    ratio to no speculation (the median of the rounds' ratios, each against the no-speculation phase it was
+    interleaved with; the range when there are several), Goose's ratio to ``ngram``, and the identical count."""
+    agg: dict = {}
+    for r in rows:
+        a = agg.setdefault((r["dataset"], r["concurrency"], r["config"]), {"tokens": 0, "seconds": 0.0, "ratios": [], "same": []})
+        a["tokens"] += r["tokens"]
+        a["seconds"] += r["seconds"]
+        if r.get("speedup"):
+            a["ratios"].append(r["speedup"])
+        if r.get("identical") is not None:
+            a["same"].append(r["identical"])
     names = list(dict.fromkeys(r["config"] for r in rows))
     keys = list(dict.fromkeys((r["dataset"], r["concurrency"]) for r in rows))
-    by = {(r["dataset"], r["concurrency"], r["config"]): r for r in rows}
     print("\n| prompts | c | " + " | ".join(names) + " | goose / ngram | identical |")
     print("|---|---|" + "---|" * (len(names) + 2))
+    med = {}
     for ds, c in keys:
         cells, same = [], []
         for n in names:
-            r = by.get((ds, c, n))
-            cells.append("-" if r is None else f"{r['tok_s']}" + (f" ({r['speedup']}x)" if r.get("speedup") else ""))
-            if r is not None and r.get("identical") is not None:
-                same.append(f"{n} {'yes' if r['identical'] else 'NO'}")
-        g, ng = by.get((ds, c, "goose")), by.get((ds, c, "ngram"))
-        ratio = f"{g['tok_s'] / ng['tok_s']:.2f}x" if g and ng else "-"
+            a = agg.get((ds, c, n))
+            if a is None:
+                cells.append("-")
+                continue
+            cell = f"{a['tokens'] / a['seconds']:.1f}"
+            if a["ratios"]:
+                m = med[ds, c, n] = statistics.median(a["ratios"])
+                spread = f", {min(a['ratios']):.2f}-{max(a['ratios']):.2f}" if len(a["ratios"]) > 1 else ""
+                cell += f" ({m:.3f}x{spread})"
+            cells.append(cell)
+            if a["same"]:
+                same.append(f"{n} {sum(a['same'])}/{len(a['same'])}")
+        g, ng = med.get((ds, c, "goose")), med.get((ds, c, "ngram"))
+        ratio = f"{g / ng:.2f}x" if g and ng else "-"
         print(f"| {ds} | {c} | " + " | ".join(cells) + f" | {ratio} | {', '.join(same)} |")
 
 

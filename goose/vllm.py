@@ -19,8 +19,11 @@ proposer drafts that chain with Goose's registered sources, per request:
   verifies is measured as the engine runs it (:class:`StepCost`: the time between calls, which
   includes this proposer's own ``propose``, per bucket of rows, refitted as load changes), so a
   compute-bound batch, where every drafted row costs about what a request's row costs, gets no
-  drafts, and a memory-bound one gets them. When no draft pays, every row gets none: the engine
-  runs as without speculation.
+  drafts, and a memory-bound one gets them. A step that ran a prompt (a request joining) is not
+  counted: its time is the prompt's. Each request's reach is scaled by its own measured acceptance
+  (accepted over expected, shrunk toward 1), so a request vLLM samples at a temperature, whose
+  sampler takes few drafted tokens, stops drafting while the others go on. When no draft pays, every
+  row gets none: the engine runs as without speculation.
 
 Token recycling needs the target's logits, which vLLM's proposer interface does not pass; this
 proposer therefore drafts from context and history only (PLD-style sources: ``pld`` and

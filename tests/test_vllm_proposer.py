@@ -493,3 +493,17 @@ def test_forget_drops_the_history_learned_across_requests():
     assert p in Proposer.instances()
     p.forget()
     assert len(p.pristine[0].history) == 0 and p.rates.snapshot()  # the text is gone, the measured rates stay
+
+
+def test_resting_sources_are_not_asked(monkeypatch):
+    """The proposer's own time per step stays small where drafting does not pay: while its sources rest, no
+    source is asked (what is left is matching rows to requests); counted, not timed."""
+    import goose.vllm as gv
+
+    calls = []
+    real = gv.call_source
+    monkeypatch.setattr(gv, "call_source", lambda *a, **k: calls.append(1) or real(*a, **k))
+    p, drafted, _ = run_batch(lambda rows: 0.004 * rows, n_req=16)
+    steps = len(drafted)
+    assert p.counts["rested"] > steps // 2
+    assert len(calls) < 0.35 * steps * 16, (len(calls), steps)  # asked on fewer than a third of request-steps
