@@ -387,7 +387,8 @@ class StepCost:
         self.steps = 0
         self.buckets: dict[int, list[float]] = {}  # bucket -> decayed [weight, sum of seconds, sum of rows]
         self._last: tuple[float, int] | None = None
-        self._memo: dict[int, float] = {}
+        self._memo: dict[int, float] = {}  # cost by rows, until the next step
+        self._curve: list[tuple[float, float]] | None = None  # the pooled curve, until the next step
         self.skipped = 0  # steps not counted because they carried prompt tokens
 
     @staticmethod
@@ -416,6 +417,7 @@ class StepCost:
         e[2] += x
         self.steps += 1
         self._memo.clear()
+        self._curve = None
 
     def ready(self) -> bool:
         return self.steps >= self.min_steps
@@ -437,7 +439,9 @@ class StepCost:
         c = self._memo.get(rows)
         if c is not None:
             return c
-        pts = self.curve()
+        if self._curve is None:
+            self._curve = self.curve()  # one pooling per step, however many row counts a plan reads
+        pts = self._curve
         below = [(x, y) for x, y in pts if x <= rows]
         above = [(x, y) for x, y in pts if x > rows]
         if below and above:
