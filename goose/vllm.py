@@ -110,9 +110,14 @@ class Proposer:
     min_reach: float | None = None
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
-    #: steps the sources rest (no drafting, the engine runs as without speculation) once a step's planned
-    #: gain did not pay for the time drafting it took; then they are asked again
+    #: the sources rest (no drafting: the engine runs as without speculation) when the plans' seconds saved,
+    #: summed over recent drafting steps (decayed by ``rest_decay`` per step), fall below the seconds asking the
+    #: sources and planning took over the same steps (after ``rest_min`` steps); a rest lasts ``rest_steps``
+    #: steps, twice as long after each step back that did not tip the sums (at most ``rest_max``)
+    rest_decay: float = 0.98
+    rest_min: int = 32
     rest_steps: int = 16
+    rest_max: int = 128
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
@@ -139,7 +144,9 @@ class Proposer:
         self.counts = {"steps": 0, "drafted": 0, "accepted": 0, "requests": 0, "freed": 0, "rematched": 0}
         self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
         self.propose_max_s = 0.0
-        self.resting = 0  # steps left to rest (rest_steps)
+        self.resting = 0  # steps left to rest
+        self.rest_next = self.rest_steps  # how long the next rest lasts (doubles while drafting keeps not paying)
+        self.ledger = [0, 0.0, 0.0]  # drafting steps weighed, their planned seconds saved and drafting seconds (decayed)
         self.gain: float | None = None  # the last plan's expected relative gain in tokens per second
         self.counts["rested"] = 0
         self.trace_path = os.environ.get(ENV_TRACE) or None
@@ -190,6 +197,8 @@ class Proposer:
         out: list[list[int]] = [[] for _ in range(rows)]
         tokens_now = 0
         laid: list[tuple[int, _Live, list[int], list[float]]] = []  # (row, state, chain, reach) per decoding request
+        drafting = 0.0  # seconds asking the sources and planning (what resting saves)
+        resting = self.resting > 0
         for i, st, row in pending:
             sampled = [int(t) for t in sampled_token_ids[i]]
             if st.chains and sampled:  # the target's tokens after the anchor of the last draft
@@ -207,12 +216,16 @@ class Proposer:
             st.chains, st.drafted, st.rows, st.expect = {}, [], 0, 0.0
             if not sampled:
                 continue  # not decoding this step (a prefill chunk): nothing to draft
-            chain, reach = self._draft(st) if not self.resting else ([], [])
+            t0 = perf_counter()
+            chain, reach = self._draft(st) if not resting else ([], [])
+            drafting += perf_counter() - t0
             laid.append((i, st, chain, reach))
-        if self.resting:
+        if resting:
             self.resting -= 1
             self.counts["rested"] += 1
+        t0 = perf_counter()
         counts = self.plan([self._scaled(st, r) for _, st, _, r in laid])
+        drafting += perf_counter() - t0
         rows_verified = 0
         for (i, st, chain, reach), n in zip(laid, counts):
             out[i] = st.drafted = chain[:n]
@@ -225,10 +238,8 @@ class Proposer:
         spent = perf_counter() - wall
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
-        if self.gain is not None and laid and self.cost.ready():
-            # drafting's expected gain this step did not pay for the time drafting it took: rest the sources
-            if self.gain * self.cost.cost(rows_verified) < spent:
-                self.resting = self.rest_steps
+        if laid and not resting and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
+            self._weigh(rows_verified, drafting)
         if self.trace_path is not None:
             self._trace(len(laid), rows_verified, spent)
         return out
@@ -243,6 +254,20 @@ class Proposer:
             with open(tmp, "w") as f:
                 json.dump({"steps": self.trace, "stats": self.stats()}, f, default=str)
             os.replace(tmp, self.trace_path)
+
+    def _weigh(self, rows: int, drafting: float) -> None:
+        """Book a drafting step: its plan's seconds saved (the relative gain times the step's cost; 0 when no
+        source proposed) against the seconds drafting took. Where the decayed sums say drafting has not paid,
+        the sources rest, twice as long as the last rest while the sums stay that way."""
+        led = self.ledger
+        led[0] += 1
+        led[1] = self.rest_decay * led[1] + (self.gain * self.cost.cost(rows) if self.gain is not None else 0.0)
+        led[2] = self.rest_decay * led[2] + drafting
+        if led[1] >= led[2]:
+            self.rest_next = self.rest_steps
+        elif led[0] >= self.rest_min:
+            self.resting = self.rest_next
+            self.rest_next = min(self.rest_max, 2 * self.rest_next)
 
     def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
         """How many tokens each decoding request drafts this step, from each chain's reach (P(right through

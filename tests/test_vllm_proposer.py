@@ -507,3 +507,47 @@ def test_resting_sources_are_not_asked(monkeypatch):
     steps = len(drafted)
     assert p.counts["rested"] > steps // 2
     assert len(calls) < 0.35 * steps * 16, (len(calls), steps)  # asked on fewer than a third of request-steps
+
+
+class Oracle(goose.DraftSource):
+    """Proposes the next tokens of its request's target text, except on every fifth step it is asked."""
+
+    name = "oracle"
+    texts: dict = {}  # prompt -> full text, shared by every copy
+
+    def begin(self, request):
+        self.full, self.asked = self.texts[tuple(request.prompt_ids)], 0
+
+    def propose(self, state):
+        self.asked += 1
+        n = len(state.tokens)
+        nxt = self.full[n : n + state.max_depth]
+        return goose.Proposal.chain(self.name, nxt) if nxt and self.asked % 5 else None
+
+
+class Wrong(goose.DraftSource):
+    """Always proposes a token the target never writes (measured, its reach falls to nothing)."""
+
+    name = "wrong"
+
+    def propose(self, state):
+        return goose.Proposal.chain(self.name, [V - 1])
+
+
+def test_a_step_whose_plan_gains_nothing_does_not_stop_drafting_that_pays():
+    """Every fifth step only a source that is always wrong proposes, so that step's plan drafts nothing and
+    gains nothing; drafting paid on the steps around it, so the sources are not rested: the plan's gain is
+    weighed against the drafting time over recent steps, not one step's (one step's rule rested 16 steps at
+    each such step, about half of them)."""
+    p = Proposer(config(k=8, max_len=600), sources=[Oracle(), Wrong()])
+    eng = TimedEngine(p, lambda rows: 0.035 + 0.002 * max(0, rows - 4))
+    for j in range(4):
+        full = [t for t in text(300 + j, 400) if t != V - 1]
+        Oracle.texts[tuple(full[:40])] = full
+        eng.add(f"o{j}", full[:40], full[40:])
+    steps = 0
+    while eng.rows:
+        eng.step()
+        steps += 1
+    assert p.counts["rested"] == 0, (p.counts, steps)
+    assert p.counts["accepted"] > 0.8 * p.counts["drafted"] > 0, p.counts
