@@ -8,9 +8,10 @@ so a request that finishes early frees its slot for the next one. Prefix caching
 phase computes its prompts (each phase repeats the same prompts). Before each concurrency's timed
 phase the engine serves ``--warmup`` prompts (the tune split's, never the timed ones) untimed at
 that concurrency: vLLM's CPU linear layers build a oneDNN primitive the first time they see a
-row count, and a server past its first minutes has them. Goose's proposer forgets its
-cross-request history (``suffix``) before each warm-up, so no timed prompt is drafted from its own
-answer at an earlier concurrency; its measured rates and step costs stay, as in a running server.
+row count, and a server past its first minutes has them. Goose's proposer forgets what it learned
+from earlier text (``suffix``'s history, the recycled table) before each warm-up and each phase, so
+no timed prompt is drafted from its own answer in an earlier phase; its measured rates and step
+costs stay, as in a running server.
 
 Printed per dataset, configuration and concurrency: output tokens per second (wall time of the
 phase), the speedup over no speculation at the same concurrency, the mean accepted tokens per
@@ -296,7 +297,8 @@ def closed_loop(llm, prompts: list[list[int]], sp, c: int) -> list[list[int]]:
 
 
 def forget_history() -> None:
-    """Goose's proposers in this process forget what they learned across requests (``suffix``'s history)."""
+    """Goose's proposers in this process forget what they learned from earlier text (``suffix``'s history, the
+    recycled table)."""
     try:
         from goose.vllm import Proposer
     except ImportError:

@@ -25,10 +25,12 @@ proposer drafts that chain with Goose's registered sources, per request:
   sampler takes few drafted tokens, stops drafting while the others go on. When no draft pays, every
   row gets none: the engine runs as without speculation.
 
-Token recycling needs the target's logits, which vLLM's proposer interface does not pass; this
-proposer therefore drafts from context and history only (PLD-style sources: ``pld`` and
-``suffix`` by default, or any registered chain source). Losslessness is vLLM's: it verifies
-every drafted token against its own sampler.
+Sources by default: ``pld`` and ``suffix`` (context and history; any registered chain source can
+stand beside them) and ``tr``, token recycling. vLLM's proposer interface passes no logits, but vLLM
+hands the proposer the target model (:meth:`Proposer.load_model`); with ``tr`` its ``compute_logits``
+is wrapped, and the target's top-K predictions at every row it verified fill a successor table that
+drafts a chain of first choices from each request's anchor (goose/vllm_recycle.py). Losslessness is
+vLLM's: it verifies every drafted token against its own sampler.
 
 Use (the engine imports this module by its path, in the worker process)::
 
@@ -36,8 +38,8 @@ Use (the engine imports this module by its path, in the worker process)::
     llm = LLM(model=path, speculative_config={
         "method": "custom_class", "model": "goose.vllm.Proposer", "num_speculative_tokens": 16})
 
-Sources: ``GOOSE_VLLM_SOURCES="pld+suffix"`` (the syntax of ``goose bench`` methods, e.g.
-``pld{max_chain=32}+suffix{history=64}``), or subclass :class:`Proposer` and set ``sources``.
+Sources: ``GOOSE_VLLM_SOURCES="pld+suffix+tr"`` (the syntax of ``goose bench`` methods, e.g.
+``pld{max_chain=32}+suffix{history=64}+tr{k=4}``), or subclass :class:`Proposer` and set ``sources``.
 
 Requests are not given by id: each batch row's tokens identify it. A row is matched to the state
 of the request whose known tokens it extends (the same row first, then any other, since rows move
@@ -61,6 +63,7 @@ from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source
 
 ENV_SOURCES = "GOOSE_VLLM_SOURCES"
+RECYCLING = "tr"  # the source name served by the Recycler
 ENV_TRACE = "GOOSE_VLLM_TRACE"  # a file path: each step's (decoding requests, rows planned, propose ms) is written there
 
 
@@ -97,7 +100,7 @@ class _Live:
 class Proposer:
     """vLLM ``custom_class`` proposer drafting with Goose's sources (see the module docstring)."""
 
-    sources: Sequence = ("pld", "suffix")
+    sources: Sequence = ("pld", "suffix", "tr")
     #: prior acceptance of a source's token before it has been measured, and its weight
     prior: float = 0.5
     prior_weight: float = 2.0
@@ -137,7 +140,7 @@ class Proposer:
         if self.min_reach is not None and not 0.0 <= self.min_reach <= 1.0:
             raise InvalidInputError(f"min_reach must be in [0, 1] (a probability), got {self.min_reach!r}")
         self._spec = sources if sources is not None else os.environ.get(ENV_SOURCES) or self.sources
-        self.pristine = build_sources(self._spec)
+        self.pristine, self.recycler = self._build()
         self.rates = SourceRates(self.prior, self.prior_weight, max_depth=max(16, self.k), carry=1.0)
         self.live: dict[int, _Live] = {}  # by batch row
         self.cost = StepCost()
@@ -163,12 +166,28 @@ class Proposer:
         """Forget what the sources learned across requests (``suffix``'s history of earlier generations):
         requests that start from now on are drafted as in a fresh engine. The measured acceptance rates and
         step costs are kept (they are statistics of the engine, not text). A benchmark calls it between
-        phases, so no prompt is drafted from its own answer in an earlier phase."""
-        self.pristine = build_sources(self._spec)
+        phases, so no prompt is drafted from its own answer in an earlier phase. The recycled table is
+        emptied too (the target's predictions after each token: replayed, they write a prompt's answer
+        again); the model stays attached."""
+        self.pristine = self._build()[0]
+        if self.recycler is not None:
+            self.recycler.clear()
+
+    def _build(self):
+        """The sources each request copies, and the Recycler when ``tr`` is among them (else None)."""
+        from goose.vllm_recycle import Recycler
+
+        built = build_sources(self._spec)
+        tr = next((s for s in built if s.name == RECYCLING), None)
+        rec = None if tr is None else Recycler(tr.options.k, tr.options.bigram, self.vocab_size)
+        return [s for s in built if s.name != RECYCLING], rec
 
     # -- vLLM's interface ------------------------------------------------------------------------
-    def load_model(self, *args, **kwargs) -> None:
-        """vLLM's CPU runner calls this with the target model; the sources need none."""
+    def load_model(self, model=None, *args, **kwargs) -> None:
+        """vLLM's runner calls this with the target model: with ``tr`` among the sources, its
+        ``compute_logits`` is wrapped so the Recycler reads each step's rows (goose/vllm_recycle.py)."""
+        if self.recycler is not None and model is not None and not self.recycler.attach(model):
+            self.recycler = None  # a model without compute_logits: nothing to recycle from
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list[list[int]]:
         now, wall = self.clock(), perf_counter()
@@ -178,18 +197,27 @@ class Proposer:
         old, self.live = self.live, {}
         pending = []
         prompt = False  # the step just run carried prompt tokens (a request's prefill, or a chunk of one)
+        fed: list[list[int | None]] = []  # per row, the tokens at the positions the step computed logits for
+        before: list[int | None] = []
         for i in range(rows):
             n = int(nts[i]) if nts.size > 1 else int(nts[0]) if nts.size else 0
             row = toks_np[i, :n]
             st, moved = _claim(old, i, row)
-            prompt = prompt or not len(sampled_token_ids[i])
+            ns = len(sampled_token_ids[i])
+            prompt = prompt or not ns
+            if self.recycler is not None:  # the token before this step's first sampled one, then the drafts after it
+                m = n - ns  # tokens known before the step
+                fed.append([int(row[m - 1]), *(st.drafted if st is not None else ())] if ns and m > 0 else [None])
+                before.append(int(row[m - 2]) if ns and m > 1 else None)
             if st is None and n > 0:
-                st = self._new(row, len(sampled_token_ids[i]))
+                st = self._new(row, ns)
                 prompt = True
             self.counts["rematched"] += moved
             if st is not None:
                 self.live[i] = st
                 pending.append((i, st, row))
+        if self.recycler is not None:
+            self.recycler.harvest(fed, before)
         left = 0  # rows counted for the step just run whose request left before it ran (finished, aborted)
         for st in old.values():  # no row extends it: it left the batch
             left += st.rows
@@ -344,6 +372,10 @@ class Proposer:
             chain = p.first_chain()
             if chain:
                 drafted.append(Drafted(s.name, chain, float(p.confidence)))
+        if self.recycler is not None:
+            chain, paired = self.recycler.chain(st.tokens[-2] if len(st.tokens) > 1 else None, st.tokens[-1], room)
+            if chain:  # the pair tier's chains and the token tier's are measured apart (confidence 1 and 0)
+                drafted.append(Drafted(RECYCLING, tuple(chain), 1.0 if paired else 0.0))
         if not drafted:
             return [], []
         m = merge(rank(drafted, self.rates), self.rates)
@@ -362,7 +394,9 @@ class Proposer:
         return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "cost_by_rows": self.cost.table(),
                 "steps_with_prompt": self.cost.skipped,
                 "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
-                "propose_ms_max": round(1e3 * self.propose_max_s, 3), "rates": self.rates.snapshot()}
+                "propose_ms_max": round(1e3 * self.propose_max_s, 3), "rates": self.rates.snapshot(),
+                "recycled": None if self.recycler is None else {**self.recycler.counts, "tokens": len(self.recycler.rows),
+                                                                 "attached": self.recycler.attached}}
 
 
 _INSTANCES: weakref.WeakSet[Proposer] = weakref.WeakSet()
@@ -517,25 +551,28 @@ class StepCost:
 
 
 def build_sources(spec) -> list[DraftSource]:
-    """Sources from ``"pld+suffix"`` (the sources of a method spec, :mod:`goose.specs`), a list of
-    names / (name, options) pairs, or DraftSource instances. Successor-only sources (``tr``) need
-    logits vLLM does not give."""
+    """Sources from ``"pld+suffix+tr"`` (the sources of a method spec, :mod:`goose.specs`), a list of
+    names / (name, options) pairs, or DraftSource instances. ``tr`` (token recycling) is served by
+    :class:`goose.vllm_recycle.Recycler` from the logits vLLM computes (:meth:`Proposer.load_model`); other
+    successor-only sources need logits in a form vLLM does not give and are refused."""
     from goose.manager import build_component
     from goose.specs import preset
 
     if isinstance(spec, str):
         if not spec.strip():
-            raise InvalidInputError(f"{ENV_SOURCES} is empty. Allowed: registered source names joined by '+'. Hint: pld+suffix")
+            raise InvalidInputError(f"{ENV_SOURCES} is empty. Allowed: registered source names joined by '+'. Hint: pld+suffix+tr")
         spec = preset(spec.strip() + "/chain")["sources"]
     built = [build_component("source", s, DraftSource, None) for s in spec]
     if not built:
-        raise InvalidInputError("goose.vllm.Proposer needs at least one draft source. Hint: pld+suffix")
+        raise InvalidInputError("goose.vllm.Proposer needs at least one draft source. Hint: pld+suffix+tr")
     for s in built:
+        if s.name == RECYCLING:
+            continue
         if type(s).propose is DraftSource.propose or type(s).successors is not DraftSource.successors:
             raise InvalidInputError(
                 f"source {s.name!r} only gives successors (it drafts from the target's logits, which vLLM's "
-                "proposer interface does not pass). Allowed: sources that propose from the tokens "
-                "(pld, suffix, or your own). Hint: pld+suffix"
+                f"proposer interface does not pass; only {RECYCLING!r} is served from them here). Allowed: sources "
+                "that propose from the tokens (pld, suffix, or your own) and tr. Hint: pld+suffix+tr"
             )
     names = [s.name for s in built]
     if len(set(names)) != len(names):

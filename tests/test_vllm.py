@@ -50,6 +50,10 @@ def outputs():
         single = llm.chat(chats[0], params[0], use_tqdm=False)[0].outputs[0].token_ids
         batch = [o.outputs[0].token_ids for o in llm.chat(chats, params, use_tqdm=False)]
         metrics = {m.name: m for m in llm.get_metrics()} if hasattr(llm, "get_metrics") else {}
+        if spec:  # the proposer vLLM built in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+            from goose.vllm import Proposer
+
+            metrics["goose"] = [p.stats() for p in Proposer.instances()]
         got[name] = (list(single), [list(b) for b in batch], metrics)
         del llm
         gc.collect()
@@ -73,3 +77,12 @@ def test_goose_drafts_were_accepted(outputs):
     acc = m.get("vllm:spec_decode_num_accepted_tokens")
     assert acc is not None, f"no spec-decode metrics from this vLLM (have: {sorted(m)[:8]}...)"
     assert acc.value > 0
+
+
+def test_token_recycling_reads_the_logits_vllm_computes(outputs):
+    """The proposer wrapped the model's compute_logits: every step's rows were laid over the tokens verified
+    (none mismatched: the layout is vLLM's), and recycled chains were drafted and measured."""
+    (stats,) = outputs["goose"][2]["goose"]
+    rec = stats["recycled"]
+    assert rec["attached"] and rec["harvested"] >= 0.9 * stats["steps"] and rec["mismatched"] <= 2, rec
+    assert any(k.startswith("tr^") for k in stats["rates"]), stats["rates"]

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -286,8 +287,15 @@ def test_step_cost_fit_recovers_the_slope_and_sets_the_floor():
 
 
 def test_bad_sources_are_refused_with_their_reason(monkeypatch):
-    with pytest.raises(InvalidInputError, match="only gives successors"):
-        Proposer(config(), sources=["tr"])
+    class Successors(goose.DraftSource):
+        name = "successors"
+
+        def successors(self, token, prev=None):
+            return (), ()
+
+    with pytest.raises(InvalidInputError, match="'successors' only gives successors"):
+        Proposer(config(), sources=[Successors()])
+    assert Proposer(config(), sources=["tr"]).recycler is not None  # tr is served from vLLM's logits
     with pytest.raises(UnknownComponentError, match="Did you mean .pld."):
         Proposer(config(), sources=["pdl"])
     monkeypatch.setenv("GOOSE_VLLM_SOURCES", "  ")
@@ -551,3 +559,101 @@ def test_a_step_whose_plan_gains_nothing_does_not_stop_drafting_that_pays():
         steps += 1
     assert p.counts["rested"] == 0, (p.counts, steps)
     assert p.counts["accepted"] > 0.8 * p.counts["drafted"] > 0, p.counts
+
+
+# -- token recycling from the logits vLLM computes -------------------------------------------------
+class Model:
+    """What vLLM hands ``load_model``: a model whose ``compute_logits`` the Recycler wraps (here the
+    hidden states are the logits)."""
+
+    def compute_logits(self, hidden_states):
+        return hidden_states
+
+
+class LogitEngine(Engine):
+    """The fake engine computing logits as vLLM lays them out, before each step's verification: per decoding
+    request its anchor and each drafted token, per prefilling request its last position (a chunk's: a row
+    nobody can read). The target predicts ``nxt[token]`` after any token (a model whose next token depends on
+    the last one only), so every row's prediction is known; ``drop`` rows are left off (a trimmed draft)."""
+
+    def __init__(self, proposer, nxt, model, drop=0):
+        super().__init__(proposer)
+        self.nxt, self.model, self.drop = nxt, model, drop
+        self.forwards = 0  # steps that computed logits (the last step has no rows left)
+
+    def step(self):
+        for rid in [r for r in self.rows if r in self.done]:
+            self.remove(rid)
+        fed = []
+        for rid in self.rows:
+            r = self.req[rid]
+            anchor = r["full"][r["have"] - 1]
+            fed += [0] if rid in self.partial else [anchor] if r["new"] else [anchor, *r["draft"]]
+        logits = torch.zeros(len(fed), V)
+        logits[torch.arange(len(fed)), torch.tensor([self.nxt[t] for t in fed], dtype=torch.long)] = 1.0
+        out = self.model.compute_logits(logits[: max(0, len(fed) - self.drop)])
+        assert out.shape[0] == max(0, len(fed) - self.drop)  # the wrapper returns what the model computed
+        self.forwards += bool(fed)
+        return super().step()
+
+
+def walk(nxt: list[int], start: int, n: int) -> list[int]:
+    out = [start]
+    while len(out) < n:
+        out.append(nxt[out[-1]])
+    return out
+
+
+def recycling_run(drop=0, n_req=3, seed=0):
+    r = random.Random(seed)
+    small = r.sample(range(1, V - 1), 20)  # the target only ever writes these
+    nxt = [r.choice(small) for _ in range(V)]
+    p = Proposer(config(k=8, max_len=600), sources=["tr"], min_reach=0.0)
+    model = Model()
+    p.load_model(model)
+    eng = LogitEngine(p, nxt, model, drop)
+    for j in range(n_req):
+        full = walk(nxt, small[j], 200)
+        eng.add(f"w{j}", full[:40], full[40:], partial=j == 1)
+    while eng.rows:
+        eng.step()
+    return p, eng
+
+
+def test_recycled_successors_are_the_targets_predictions_at_the_rows_verified():
+    """With ``tr`` the proposer wraps the model's ``compute_logits`` and lays each step's rows over the tokens
+    it verified: a target whose next token depends on the last one only is then drafted right every time
+    once its tokens have been seen (a row laid one position off would write each prediction to the wrong
+    token, and the drafts would miss)."""
+    p, eng = recycling_run()
+    rec = p.recycler
+    assert rec.attached and rec.counts["harvested"] == eng.forwards > 10 and rec.counts["mismatched"] == 0
+    assert all(succ[0] == eng.nxt[t] for t, succ in rec.rows.items() if t != 0), "a row read for the wrong token"
+    # every miss is a draft past the end of its text (the engine stops there): its last two drafts at most
+    assert p.counts["drafted"] > 300 and p.counts["accepted"] >= p.counts["drafted"] - 2 * 8 * 3, p.counts
+    for rid, tokens, draft in eng.log:
+        assert draft == walk(eng.nxt, tokens[-1], len(draft) + 1)[1:], rid
+
+
+def test_rows_that_do_not_add_up_are_not_harvested():
+    """vLLM trimmed a draft (or computed logits for something else): the step's rows are dropped whole."""
+    p, eng = recycling_run(drop=1)
+    rec = p.recycler
+    assert rec.counts["harvested"] == 0 and rec.counts["mismatched"] > 10 and rec.rows == {}, rec.counts
+    assert p.counts["drafted"] == 0 and all(eng.req[r]["have"] == len(eng.req[r]["full"]) for r in eng.req)
+
+
+def test_forget_empties_the_recycled_table():
+    p, _ = recycling_run()
+    assert p.recycler.rows and p.recycler.pairs
+    p.forget()
+    assert not p.recycler.rows and not p.recycler.pairs and p.recycler.attached
+
+
+def test_a_model_without_compute_logits_leaves_recycling_off():
+    p = Proposer(config(), sources=["pld", "tr"])
+    p.load_model(object())
+    assert p.recycler is None and [s.name for s in p.pristine] == ["pld"]
+    q = Proposer(config(), sources=["pld"])
+    q.load_model(Model())
+    assert q.recycler is None

@@ -1,0 +1,125 @@
+"""Token recycling inside vLLM: the target's own next-token predictions, read where vLLM computes them.
+
+vLLM's proposer interface passes tokens, not logits; but vLLM hands a proposer the target model
+(``load_model(model)``), and every model vLLM serves computes its logits through
+``model.compute_logits(hidden_states)``, one row per position the step samples from: per decoding request
+its anchor and each drafted token, per prefilling request its last scheduled position, in the batch's row
+order. :class:`Recycler` wraps that method on the model instance; each call keeps the top-K token ids of
+every row (before vLLM's sampler sees the logits), and the next ``propose`` lays the rows out over the
+tokens the proposer knows were verified (:meth:`Recycler.harvest`). What is kept, per token and per
+(previous token, token) pair, are the K tokens the target predicted after it, the last time it was seen;
+:meth:`Recycler.chain` follows their first choices from a request's anchor, the pair's first, as ``tr``'s
+bigram tier is consulted first in a Goose decoder (plugins/tr.py). One table serves every request (as the
+original Token Recycling keeps its table warm).
+
+A step whose rows do not add up to what the proposer drafted (vLLM trimmed a draft, or the model computed
+logits for something else, e.g. prompt log-probabilities or a warm-up run) is not harvested. A wrong entry
+only costs acceptance: vLLM verifies every drafted token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Recycler:
+    """The successor table filled from the target's logits in vLLM (see the module docstring)."""
+
+    #: at most this many (previous, token) pairs are kept; the pair tier is emptied when it grows past it
+    max_pairs: int = 1_000_000
+
+    def __init__(self, k: int = 4, bigram: bool = True, vocab_size: int | None = None):
+        self.k, self.bigram, self.vocab_size = k, bigram, vocab_size
+        self.rows: dict[int, list[int]] = {}  # token -> the K tokens predicted after it (best first)
+        self.pairs: dict[tuple[int, int], list[int]] = {}  # (previous token, token) -> the same
+        self.pending: np.ndarray | None = None  # [rows, K] ids of the last compute_logits call
+        self.counts = {"captured": 0, "harvested": 0, "mismatched": 0, "rows": 0}
+        self.attached = False
+
+    def clear(self) -> None:
+        """Forget every successor (what :meth:`goose.vllm.Proposer.forget` asks of the sources' history)."""
+        self.rows.clear()
+        self.pairs.clear()
+
+    def attach(self, model) -> bool:
+        """Wrap ``model.compute_logits`` on this instance so each call's rows are captured; False (and
+        nothing changed) when the model has no such method."""
+        inner = getattr(model, "compute_logits", None)
+        if inner is None or not callable(inner):
+            return False
+
+        def compute_logits(hidden_states, *args, **kwargs):
+            logits = inner(hidden_states, *args, **kwargs)
+            self.capture(logits)
+            return logits
+
+        model.compute_logits = compute_logits
+        self.attached = True
+        return True
+
+    def capture(self, logits) -> None:
+        """Keep the top-K ids of each row of ``logits`` (``[rows, vocab]``; None or another shape: nothing)."""
+        import torch
+
+        from goose.plugins.tr import topk_rows
+
+        if logits is None or getattr(logits, "dim", lambda: 0)() != 2 or logits.shape[0] == 0:
+            self.pending = None
+            return
+        with torch.no_grad():
+            x = logits.detach()
+            if self.vocab_size:
+                x = x[:, : self.vocab_size]
+            if x.dtype != torch.float32:
+                x = x.float()
+            k = min(self.k, x.shape[1])
+            self.pending = topk_rows(x, k)[1].cpu().numpy()
+        self.counts["captured"] += 1
+
+    def harvest(self, fed: Sequence[Sequence[int | None]], before: Sequence[int | None]) -> bool:
+        """Lay the captured rows over ``fed`` (per batch row, the tokens at the positions whose logits were
+        computed, in order; None where the token is not known, as a prompt chunk's) and write each known
+        token's successors; ``before[i]`` is the token before ``fed[i][0]`` (None: unknown). False, and
+        nothing written, when no rows were captured or they do not add up."""
+        ids, self.pending = self.pending, None
+        if ids is None:
+            return False
+        if sum(len(f) for f in fed) != len(ids):
+            self.counts["mismatched"] += 1
+            return False
+        succ = ids.tolist()
+        r = 0
+        rows, pairs = self.rows, self.pairs
+        for toks, prev in zip(fed, before):
+            for t in toks:
+                if t is not None:
+                    rows[t] = succ[r]
+                    if self.bigram and prev is not None:
+                        pairs[prev, t] = succ[r]
+                prev = t
+                r += 1
+        if len(pairs) > self.max_pairs:
+            pairs.clear()
+        self.counts["harvested"] += 1
+        self.counts["rows"] += r
+        return True
+
+    def chain(self, prev: int | None, anchor: int, n: int) -> tuple[list[int], bool]:
+        """Up to ``n`` tokens after ``anchor``, each the first successor of the one before it (the pair's
+        row first, else the token's); and whether the first came from a pair."""
+        out: list[int] = []
+        p, t = prev, anchor
+        paired = False
+        for d in range(n):
+            s = self.pairs.get((p, t)) if self.bigram and p is not None else None
+            if d == 0:
+                paired = s is not None
+            if s is None:
+                s = self.rows.get(t)
+            if not s:
+                break
+            p, t = t, s[0]
+            out.append(t)
+        return out, paired
