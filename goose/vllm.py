@@ -114,9 +114,10 @@ class Proposer:
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
     #: the sources rest (no drafting: the engine runs as without speculation) when the plans' seconds saved,
-    #: summed over recent drafting steps (decayed by ``rest_decay`` per step), fall below the seconds asking the
-    #: sources and planning took over the same steps (after ``rest_min`` steps); a rest lasts ``rest_steps``
-    #: steps, twice as long after each step back that did not tip the sums (at most ``rest_max``)
+    #: summed over recent drafting steps with as many decoding requests (decayed by ``rest_decay`` per step),
+    #: fall below the seconds asking the sources and planning took over the same steps (after ``rest_min``
+    #: steps); a rest lasts ``rest_steps`` steps, twice as long after each step back that did not tip the sums
+    #: (at most ``rest_max``)
     rest_decay: float = 0.98
     rest_min: int = 32
     rest_steps: int = 16
@@ -148,8 +149,9 @@ class Proposer:
         self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
         self.propose_max_s = 0.0
         self.resting = 0  # steps left to rest
-        self.rest_next = self.rest_steps  # how long the next rest lasts (doubles while drafting keeps not paying)
-        self.ledger = [0, 0.0, 0.0]  # drafting steps weighed, their planned seconds saved and drafting seconds (decayed)
+        # per bucket of decoding requests (StepCost.bucket): drafting steps weighed, their planned seconds saved and
+        # drafting seconds (decayed), and how long the next rest lasts (doubling while drafting keeps not paying)
+        self.ledgers: dict[int, list] = {}
         self.gain: float | None = None  # the last plan's expected relative gain in tokens per second
         self.counts["rested"] = 0
         self.trace_path = os.environ.get(ENV_TRACE) or None
@@ -267,7 +269,7 @@ class Proposer:
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
         if laid and not resting and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
-            self._weigh(rows_verified, drafting)
+            self._weigh(len(laid), rows_verified, drafting)
         if self.trace_path is not None:
             self._trace(len(laid), rows_verified, spent)
         return out
@@ -283,19 +285,21 @@ class Proposer:
                 json.dump({"steps": self.trace, "stats": self.stats()}, f, default=str)
             os.replace(tmp, self.trace_path)
 
-    def _weigh(self, rows: int, drafting: float) -> None:
-        """Book a drafting step: its plan's seconds saved (the relative gain times the step's cost; 0 when no
-        source proposed) against the seconds drafting took. Where the decayed sums say drafting has not paid,
-        the sources rest, twice as long as the last rest while the sums stay that way."""
-        led = self.ledger
+    def _weigh(self, decoding: int, rows: int, drafting: float) -> None:
+        """Book a drafting step in the ledger of its batch size (``decoding`` requests, bucketed): its plan's
+        seconds saved (the relative gain times the step's cost; 0 when no source proposed) against the seconds
+        drafting took. Where that ledger's decayed sums say drafting has not paid, the sources rest, twice as
+        long as that ledger's last rest while its sums stay that way. A ledger per batch size, because what
+        drafting is worth depends on it: what paid at 16 requests says nothing of 32."""
+        led = self.ledgers.setdefault(StepCost.bucket(decoding), [0, 0.0, 0.0, self.rest_steps])
         led[0] += 1
         led[1] = self.rest_decay * led[1] + (self.gain * self.cost.cost(rows) if self.gain is not None else 0.0)
         led[2] = self.rest_decay * led[2] + drafting
         if led[1] >= led[2]:
-            self.rest_next = self.rest_steps
+            led[3] = self.rest_steps
         elif led[0] >= self.rest_min:
-            self.resting = self.rest_next
-            self.rest_next = min(self.rest_max, 2 * self.rest_next)
+            self.resting = led[3]
+            led[3] = min(self.rest_max, 2 * led[3])
 
     def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
         """How many tokens each decoding request drafts this step, from each chain's reach (P(right through

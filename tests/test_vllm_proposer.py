@@ -657,3 +657,25 @@ def test_a_model_without_compute_logits_leaves_recycling_off():
     q = Proposer(config(), sources=["pld"])
     q.load_model(Model())
     assert q.recycler is None
+
+
+def test_what_drafting_earned_at_a_small_batch_does_not_keep_the_sources_asked_at_a_large_one():
+    """Two requests draft while rows are cheap; then sixteen more join and every drafted row costs more than it
+    can bring. Drafting is weighed per batch size, so the sources rest within the large batch's own first
+    steps (one ledger for every batch size kept them asked until the small batch's gains had decayed)."""
+    p = Proposer(config(k=8, max_len=600), sources=["pld"])
+    eng = TimedEngine(p, lambda rows: 0.05 if rows <= 8 else 0.05 + 0.01 * (rows - 8))
+    for j in range(2):
+        full = text(400 + j, 600)
+        eng.add(f"s{j}", full[:40], full[40:])
+    for _ in range(60):
+        eng.step()
+    assert p.counts["drafted"] > 100 and p.counts["rested"] == 0, p.counts
+    for j in range(16):
+        full = text(500 + j, 140)
+        eng.add(f"b{j}", full[:40], full[40:])
+    before, steps = p.counts["rested"], 0
+    while len(eng.rows) > 8:
+        eng.step()
+        steps += 1
+    assert steps > 80 and p.counts["rested"] - before > steps // 3, (steps, p.counts)
