@@ -270,6 +270,8 @@ class Proposer:
         self.propose_max_s = max(self.propose_max_s, spent)
         if laid and not resting and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
             self._weigh(len(laid), rows_verified, drafting)
+        if self.recycler is not None:  # the next step's rows are read only if the next call drafts
+            self.recycler.active = self.resting == 0
         if self.trace_path is not None:
             self._trace(len(laid), rows_verified, spent)
         return out

@@ -37,6 +37,7 @@ class Recycler:
         self.pending: np.ndarray | None = None  # [rows, K] ids of the last compute_logits call
         self.counts = {"captured": 0, "harvested": 0, "mismatched": 0, "rows": 0}
         self.attached = False
+        self.active = True  # capture the next call's rows (the proposer turns it off while its sources rest)
 
     def clear(self) -> None:
         """Forget every successor (what :meth:`goose.vllm.Proposer.forget` asks of the sources' history)."""
@@ -60,12 +61,13 @@ class Recycler:
         return True
 
     def capture(self, logits) -> None:
-        """Keep the top-K ids of each row of ``logits`` (``[rows, vocab]``; None or another shape: nothing)."""
+        """Keep the top-K ids of each row of ``logits`` (``[rows, vocab]``; None, another shape, or while not
+        :attr:`active`: nothing, and the next harvest reads nothing)."""
         import torch
 
         from goose.plugins.tr import topk_rows
 
-        if logits is None or getattr(logits, "dim", lambda: 0)() != 2 or logits.shape[0] == 0:
+        if not self.active or logits is None or getattr(logits, "dim", lambda: 0)() != 2 or logits.shape[0] == 0:
             self.pending = None
             return
         with torch.no_grad():

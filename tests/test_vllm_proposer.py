@@ -679,3 +679,30 @@ def test_what_drafting_earned_at_a_small_batch_does_not_keep_the_sources_asked_a
         eng.step()
         steps += 1
     assert steps > 80 and p.counts["rested"] - before > steps // 3, (steps, p.counts)
+
+
+def test_while_the_sources_rest_no_logits_are_read():
+    """Resting, the proposer costs only its bookkeeping: a step whose next call rests is not captured."""
+
+    class Timed(LogitEngine):
+        def step(self):
+            self.t += 0.004 * max(1, sum(1 + len(self.req[x]["draft"]) for x in self.rows if x not in self.done))
+            return super().step()
+
+    r = random.Random(1)
+    nxt = [r.randrange(1, V - 1) for _ in range(V)]
+    p = Proposer(config(k=8, max_len=600), sources=["pld", "tr"])
+    model = Model()
+    p.load_model(model)
+    eng = Timed(p, nxt, model)
+    eng.t = 0.0
+    p.clock = lambda: eng.t  # compute-bound: every row costs what a request's row costs
+    for j in range(8):
+        full = text(600 + j, 190)  # a target the recycled table does not know (its predictions are nxt's)
+        eng.add(f"c{j}", full[:40], full[40:])
+    while eng.rows:
+        eng.step()
+    rec = p.recycler
+    assert p.counts["rested"] > eng.forwards // 2, p.counts
+    assert rec.counts["captured"] <= eng.forwards - p.counts["rested"] + 1, (rec.counts, eng.forwards, p.counts)
+    assert rec.counts["mismatched"] == 0, rec.counts
