@@ -171,7 +171,7 @@ class Proposer:
         phases, so no prompt is drafted from its own answer in an earlier phase. The recycled table is
         emptied too (the target's predictions after each token: replayed, they write a prompt's answer
         again); the model stays attached."""
-        self.pristine = self._build()[0]
+        self.pristine = [s for s in build_sources(self._spec) if s.name != RECYCLING]
         if self.recycler is not None:
             self.recycler.clear()
 
@@ -181,7 +181,7 @@ class Proposer:
 
         built = build_sources(self._spec)
         tr = next((s for s in built if s.name == RECYCLING), None)
-        rec = None if tr is None else Recycler(tr.options.k, tr.options.bigram, self.vocab_size)
+        rec = None if tr is None else Recycler(tr.options.bigram, self.vocab_size)
         return [s for s in built if s.name != RECYCLING], rec
 
     # -- vLLM's interface ------------------------------------------------------------------------
@@ -189,7 +189,13 @@ class Proposer:
         """vLLM's runner calls this with the target model: with ``tr`` among the sources, its
         ``compute_logits`` is wrapped so the Recycler reads each step's rows (goose/vllm_recycle.py)."""
         if self.recycler is not None and model is not None and not self.recycler.attach(model):
-            self.recycler = None  # a model without compute_logits: nothing to recycle from
+            import warnings
+
+            warnings.warn(f"goose.vllm: token recycling ({RECYCLING!r}) is off: the model vLLM handed the proposer "
+                          f"({type(model).__name__}) has no compute_logits to read the target's predictions from. "
+                          "Allowed: models vLLM serves for generation. Hint: GOOSE_VLLM_SOURCES=pld+suffix",
+                          RuntimeWarning, stacklevel=2)
+            self.recycler = None
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list[list[int]]:
         now, wall = self.clock(), perf_counter()

@@ -4,12 +4,13 @@ vLLM's proposer interface passes tokens, not logits; but vLLM hands a proposer t
 (``load_model(model)``), and every model vLLM serves computes its logits through
 ``model.compute_logits(hidden_states)``, one row per position the step samples from: per decoding request
 its anchor and each drafted token, per prefilling request its last scheduled position, in the batch's row
-order. :class:`Recycler` wraps that method on the model instance; each call keeps the top-K token ids of
+order. :class:`Recycler` wraps that method on the model instance; each call keeps the likeliest token of
 every row (before vLLM's sampler sees the logits), and the next ``propose`` lays the rows out over the
 tokens the proposer knows were verified (:meth:`Recycler.harvest`). What is kept, per token and per
-(previous token, token) pair, are the K tokens the target predicted after it, the last time it was seen;
-:meth:`Recycler.chain` follows their first choices from a request's anchor, the pair's first, as ``tr``'s
-bigram tier is consulted first in a Goose decoder (plugins/tr.py). One table serves every request (as the
+(previous token, token) pair, is the token the target predicted after it, the last time it was seen
+(vLLM verifies one chain, so only the first choice is ever drafted: ``tr``'s ``k`` does not apply here);
+:meth:`Recycler.chain` follows them from a request's anchor, the pair's first, as ``tr``'s bigram tier is
+consulted first in a Goose decoder (plugins/tr.py). One table serves every request (as the
 original Token Recycling keeps its table warm).
 
 A step whose rows do not add up to what the proposer drafted (vLLM trimmed a draft, or the model computed
@@ -30,11 +31,11 @@ class Recycler:
     #: at most this many (previous, token) pairs are kept; the pair tier is emptied when it grows past it
     max_pairs: int = 1_000_000
 
-    def __init__(self, k: int = 4, bigram: bool = True, vocab_size: int | None = None):
-        self.k, self.bigram, self.vocab_size = k, bigram, vocab_size
-        self.rows: dict[int, list[int]] = {}  # token -> the K tokens predicted after it (best first)
-        self.pairs: dict[tuple[int, int], list[int]] = {}  # (previous token, token) -> the same
-        self.pending: np.ndarray | None = None  # [rows, K] ids of the last compute_logits call
+    def __init__(self, bigram: bool = True, vocab_size: int | None = None):
+        self.bigram, self.vocab_size = bigram, vocab_size
+        self.rows: dict[int, int] = {}  # token -> the token predicted after it
+        self.pairs: dict[tuple[int, int], int] = {}  # (previous token, token) -> the same
+        self.pending: np.ndarray | None = None  # [rows] the likeliest token of each row of the last call
         self.counts = {"captured": 0, "harvested": 0, "mismatched": 0, "rows": 0}
         self.attached = False
         self.active = True  # capture the next call's rows (the proposer turns it off while its sources rest)
@@ -61,11 +62,9 @@ class Recycler:
         return True
 
     def capture(self, logits) -> None:
-        """Keep the top-K ids of each row of ``logits`` (``[rows, vocab]``; None, another shape, or while not
-        :attr:`active`: nothing, and the next harvest reads nothing)."""
+        """Keep the likeliest token of each row of ``logits`` (``[rows, vocab]``; None, another shape, or while
+        not :attr:`active`: nothing, and the next harvest reads nothing)."""
         import torch
-
-        from goose.plugins.tr import topk_rows
 
         if not self.active or logits is None or getattr(logits, "dim", lambda: 0)() != 2 or logits.shape[0] == 0:
             self.pending = None
@@ -74,10 +73,7 @@ class Recycler:
             x = logits.detach()
             if self.vocab_size:
                 x = x[:, : self.vocab_size]
-            if x.dtype != torch.float32:
-                x = x.float()
-            k = min(self.k, x.shape[1])
-            self.pending = topk_rows(x, k)[1].cpu().numpy()
+            self.pending = x.argmax(dim=-1).cpu().numpy()
         self.counts["captured"] += 1
 
     def harvest(self, fed: Sequence[Sequence[int | None]], before: Sequence[int | None]) -> bool:
@@ -109,19 +105,19 @@ class Recycler:
         return True
 
     def chain(self, prev: int | None, anchor: int, n: int) -> tuple[list[int], bool]:
-        """Up to ``n`` tokens after ``anchor``, each the first successor of the one before it (the pair's
-        row first, else the token's); and whether the first came from a pair."""
+        """Up to ``n`` tokens after ``anchor``, each the one predicted after the token before it (the pair's
+        entry first, else the token's); and whether the first came from a pair."""
         out: list[int] = []
         p, t = prev, anchor
         paired = False
         for d in range(n):
-            s = self.pairs.get((p, t)) if self.bigram and p is not None else None
+            nxt = self.pairs.get((p, t)) if self.bigram and p is not None else None
             if d == 0:
-                paired = s is not None
-            if s is None:
-                s = self.rows.get(t)
-            if not s:
+                paired = nxt is not None
+            if nxt is None:
+                nxt = self.rows.get(t)
+            if nxt is None:
                 break
-            p, t = t, s[0]
+            p, t = t, nxt
             out.append(t)
         return out, paired
