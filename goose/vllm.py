@@ -28,7 +28,7 @@ proposer drafts that chain with Goose's registered sources, per request:
 Sources by default: ``pld`` and ``suffix`` (context and history; any registered chain source can
 stand beside them) and ``tr``, token recycling. vLLM's proposer interface passes no logits, but vLLM
 hands the proposer the target model (:meth:`Proposer.load_model`); with ``tr`` its ``compute_logits``
-is wrapped, and the target's top-K predictions at every row it verified fill a successor table that
+is wrapped, and the target's likeliest token at every row it verified fills a successor table that
 drafts a chain of first choices from each request's anchor (goose/vllm_recycle.py). Losslessness is
 vLLM's: it verifies every drafted token against its own sampler.
 
