@@ -82,6 +82,7 @@ class _Live:
     sources: list[DraftSource]
     tokens: list[int]  # every token known (prompt + accepted), as the last call saw them
     prompt_len: int
+    known: np.ndarray  # the same tokens as an array (what a row is matched against)
     chains: dict = field(default_factory=dict)  # {source: (tier floor, chain)} laid out last call
     drafted: list = field(default_factory=list)  # what was returned to vLLM last call
     step: int = 0
@@ -156,6 +157,7 @@ class Proposer:
         self.counts["rested"] = 0
         self.trace_path = os.environ.get(ENV_TRACE) or None
         self.trace: list[tuple[int, int, float]] = []
+        self._reach: dict = {}  # (key, n) -> reach, for the step being planned (the rates do not change in it)
         _INSTANCES.add(self)
 
     @staticmethod
@@ -235,8 +237,9 @@ class Proposer:
         laid: list[tuple[int, _Live, list[int], list[float]]] = []  # (row, state, chain, reach) per decoding request
         drafting = 0.0  # seconds asking the sources and planning (what resting saves)
         resting = self.resting > 0
-        for i, st, row in pending:
-            sampled = [int(t) for t in sampled_token_ids[i]]
+        decoding = []
+        for i, st, row in pending:  # every request's last draft is booked before any is drafted: the rates
+            sampled = [int(t) for t in sampled_token_ids[i]]  # then stay put for the step (their memo holds)
             if st.chains and sampled:  # the target's tokens after the anchor of the last draft
                 self.rates.book(st.chains, sampled)
                 a = 0
@@ -249,13 +252,15 @@ class Proposer:
             tokens_now += len(sampled)
             if len(row) > len(st.tokens):
                 st.tokens.extend(int(t) for t in row[len(st.tokens) :])
+                st.known = row.copy()  # the row is vLLM's buffer, rewritten next step
             st.chains, st.drafted, st.rows, st.expect = {}, [], 0, 0.0
-            if not sampled:
-                continue  # not decoding this step (a prefill chunk): nothing to draft
-            t0 = perf_counter()
-            chain, reach = self._draft(st) if not resting else ([], [])
-            drafting += perf_counter() - t0
-            laid.append((i, st, chain, reach))
+            if sampled:  # else not decoding this step (a prefill chunk): nothing to draft
+                decoding.append((i, st))
+        self._reach.clear()
+        t0 = perf_counter()
+        for i, st in decoding:
+            laid.append((i, st, *(self._draft(st) if not resting else ([], []))))
+        drafting += perf_counter() - t0
         if resting:
             self.resting -= 1
             self.counts["rested"] += 1
@@ -323,13 +328,10 @@ class Proposer:
             return [next((d for d, r in enumerate(reach) if r < floor), len(reach)) for reach in reaches]
         cands = sorted(((r, d, i) for i, reach in enumerate(reaches) for d, r in enumerate(reach)),
                        key=lambda c: (-c[0], c[1], c[2]))
-        tokens = float(n)
-        best_k, best = 0, tokens / self.cost.cost(n)
-        for k, (r, _, _) in enumerate(cands, 1):
-            tokens += r
-            g = tokens / self.cost.cost(n + k)
-            if g > best:
-                best_k, best = k, g
+        tokens = n + np.cumsum([0.0] + [r for r, _, _ in cands])
+        g = tokens / self.cost.costs(n, n + len(cands))
+        best_k = int(np.argmax(g))  # the first of equal gains: the fewest tokens
+        best = float(g[best_k])
         counts = [0] * n
         for r, d, i in cands[:best_k]:  # a request's depth d is taken only after its depth d - 1 (ties: shallower first)
             counts[i] = max(counts[i], d + 1)
@@ -353,7 +355,7 @@ class Proposer:
         for s in srcs:
             s.begin(req)
         self.counts["requests"] += 1
-        return _Live(srcs, tokens, prompt_len)
+        return _Live(srcs, tokens, prompt_len, row.copy())
 
     def _free(self, st: _Live) -> None:
         out = _Output(tuple(st.tokens[: st.prompt_len]), st.tokens[st.prompt_len :])
@@ -399,7 +401,10 @@ class Proposer:
     def reach(self, key, n: int) -> list[float]:
         """P(right through depth d) for d = 1..n: the leader's measured per-depth rates, an unmeasured
         depth inheriting the rate of the depth above (``SourceRates.reach_inherited``)."""
-        return self.rates.reach_inherited(key, n)
+        r = self._reach.get((key, n))
+        if r is None:
+            r = self._reach[key, n] = self.rates.reach_inherited(key, n)
+        return r
 
     def stats(self) -> dict:
         steps = max(1, self.counts["steps"])
@@ -418,21 +423,19 @@ def _claim(old: dict[int, _Live], i: int, row: np.ndarray) -> tuple[_Live | None
     """The state whose known tokens ``row`` extends (row ``i``'s own first), removed from ``old``;
     and whether it was found on another row."""
     st = old.get(i)
-    if st is not None and _extends(row, st.tokens):
+    if st is not None and _extends(row, st.known):
         return old.pop(i), False
     for j, st in list(old.items()):
-        if j != i and _extends(row, st.tokens):
+        if j != i and _extends(row, st.known):
             return old.pop(j), True
     return None, False
 
 
-def _extends(row: np.ndarray, tokens: list[int]) -> bool:
-    n = len(tokens)
-    if len(row) < n or n == 0:
+def _extends(row: np.ndarray, known: np.ndarray) -> bool:
+    n = len(known)
+    if len(row) < n or n == 0 or row[n - 1] != known[-1] or row[0] != known[0]:
         return False
-    if int(row[n - 1]) != tokens[-1] or int(row[0]) != tokens[0]:
-        return False
-    return bool(np.array_equal(row[:n], np.asarray(tokens, dtype=row.dtype)))
+    return bool(np.array_equal(row[:n], known))
 
 
 class StepCost:
@@ -530,6 +533,21 @@ class StepCost:
         self._memo[rows] = c
         return c
 
+    def costs(self, lo: int, hi: int) -> np.ndarray:
+        """``[cost(rows) for rows in lo..hi]``, as :meth:`cost` reads them, at once (call once :meth:`ready`)."""
+        if self._curve is None:
+            self._curve = self.curve()
+        xs, ys = (np.array(v, dtype=float) for v in zip(*self._curve))
+        rows = np.arange(lo, hi + 1, dtype=float)
+        c = np.interp(rows, xs, ys)
+        f = self.fit()
+        past, short = rows > xs[-1], rows < xs[0]
+        if past.any():  # past the largest bucket: along the line's slope (in proportion to the rows without one)
+            c[past] = ys[-1] + f[1] * (rows[past] - xs[-1]) if f is not None else ys[-1] * rows[past] / xs[-1]
+        if short.any() and f is not None:  # below the smallest: along the line, at most the smallest's time
+            c[short] = np.minimum(ys[0], f[0] + f[1] * rows[short])
+        return np.maximum(c, 1e-9)
+
     def curve(self) -> list[tuple[float, float]]:
         """``[(rows, seconds), ...]`` of the measured buckets, by rows, made non-decreasing: a bucket slower
         than the next is pooled with it (pool-adjacent-violators, weighted by the buckets' decayed steps)."""
@@ -586,6 +604,10 @@ def build_sources(spec) -> list[DraftSource]:
                 f"proposer interface does not pass; only {RECYCLING!r} is served from them here). Allowed: sources "
                 "that propose from the tokens (pld, suffix, or your own) and tr. Hint: pld+suffix+tr"
             )
+    for s in built:  # vLLM verifies one chain: a source that can propose its likeliest chain alone does
+        opts = s.options
+        if "tree" in type(opts).model_fields and "tree" not in opts.model_fields_set and opts.tree:
+            s.options = opts.model_copy(update={"tree": False})
     names = [s.name for s in built]
     if len(set(names)) != len(names):
         raise InvalidInputError(f"draft source(s) listed twice in {names}; list each once")

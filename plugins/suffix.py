@@ -96,6 +96,10 @@ class SuffixOptions(Options):
         0.1, ge=0.0, le=1.0,
         description="drop continuations whose estimated probability of being reached falls below this",
     )
+    tree: bool = Field(
+        True, description="propose the tree of continuations; False: only its likeliest chain (for engines that "
+        "verify one chain, e.g. vLLM; cheaper: no branch is grown)",
+    )
 
     @model_validator(mode="after")
     def _patterns(self):
@@ -166,8 +170,7 @@ class _Segment:
             except OverflowError:  # pragma: no cover - ids beyond 2**31
                 self.tokens = array("q", self.tokens)
             self.frozen = True
-            self._nbytes = None
-            self._nbytes = self.nbytes()
+            self._nbytes = None  # counted when first asked (a stats call), then kept: the segment no longer changes
         return self
 
     def entries(self) -> int:
@@ -182,6 +185,8 @@ class _Segment:
             b += sys.getsizeof(d)
             for key, val in d.items():
                 b += sys.getsizeof(key) + sys.getsizeof(val)
+        if self.frozen:
+            self._nbytes = b
         return b
 
     def occurrences(self, k: int, h: int):
@@ -364,7 +369,7 @@ class SuffixSource(DraftSource):
         pattern, occ = self._match(q, segs)
         if not occ:
             return None
-        tree = self._grow(occ, depth_cap)
+        tree = self._grow(occ, depth_cap) if o.tree else self._chain(occ, depth_cap)
         if tree is None:
             return None
         toks, parents, scores, counts, chain_len = tree
@@ -377,6 +382,42 @@ class SuffixSource(DraftSource):
             self.name, tuple(toks), tuple(parents), tuple(scores), conf,
             info={"match_len": chain_len, "pattern": pattern, "occurrences": len(occ), "from_history": n_hist},
         )
+
+    def _chain(self, occ: list[tuple[_Segment, int]], depth_cap: int):
+        """The likeliest chain alone (``tree=False``): from the root, the most frequent continuation at each
+        depth (ties: the more recent occurrence), while its score stays at least ``min_prob``; the tree's
+        first chain, less any cut ``max_nodes`` makes there."""
+        o = self.options
+        vocab = self.vocab_size
+        members = [(seg.tokens, e + 1) for seg, e in occ]
+        toks: list[int] = []
+        scores: list[float] = []
+        counts: list[int] = []
+        score = 1.0
+        while members and len(toks) < min(depth_cap, o.max_nodes):
+            groups: dict[int, list] = {}
+            for seq, pos in members:  # most recent first: the first group of the largest size is the most recent
+                if pos < len(seq):
+                    t = seq[pos]
+                    if t < 0 or (vocab is not None and t >= vocab):
+                        continue
+                    g = groups.get(t)
+                    if g is None:
+                        groups[t] = g = []
+                    g.append((seq, pos + 1))
+            if not groups:
+                break
+            t, g = max(groups.items(), key=lambda kv: len(kv[1]))
+            s = score * len(g) / len(members)
+            if s < o.min_prob or s <= 0.0:
+                break
+            toks.append(t)
+            scores.append(s)
+            counts.append(len(g))
+            score, members = s, g
+        if not toks:
+            return None
+        return toks, list(range(-1, len(toks) - 1)), scores, counts, len(toks)
 
     def _grow(self, occ: list[tuple[_Segment, int]], depth_cap: int):
         """Best-first tree over the occurrences' continuations; the likeliest chain first."""

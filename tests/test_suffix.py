@@ -224,6 +224,33 @@ def test_tree_against_brute_force(tokens, min_pattern, max_pattern, max_nodes, m
     assert src.live.indexed == len(tokens) - 1
 
 
+
+@settings(max_examples=150, deadline=None)
+@given(
+    tokens=hs.lists(hs.integers(0, 4), min_size=1, max_size=80),
+    past=hs.lists(hs.lists(hs.integers(0, 4), min_size=2, max_size=30), max_size=3),
+    max_depth=hs.integers(1, 10),
+    min_prob=hs.sampled_from([0.0, 0.1, 0.3]),
+)
+def test_chain_only_is_the_trees_first_chain(tokens, past, max_depth, min_prob):
+    """``tree=False`` (what goose.vllm asks for) proposes the tree's likeliest chain, node for node, with the
+    same scores, counts, pattern and confidence; with a node budget deep enough that the tree is not cut."""
+    opts = dict(max_depth=max_depth, min_prob=min_prob, max_nodes=4096)
+    tree = propose(tokens, past, **opts)
+    chain = propose(tokens, past, tree=False, **opts)
+    if tree is None:
+        assert chain is None
+        return
+    assert chain is not None and chain.is_chain
+    assert chain.tokens == tree.first_chain() == likeliest_chain(tree)
+    k = len(chain.tokens)
+    assert chain.scores == tree.scores[:k]
+    assert chain.confidence == tree.confidence
+    assert {x: chain.info[x] for x in ("pattern", "occurrences", "from_history")} == \
+        {x: tree.info[x] for x in ("pattern", "occurrences", "from_history")}
+    cut = propose(tokens, past, tree=False, max_depth=max_depth, min_prob=min_prob, max_nodes=2)
+    assert len(cut.tokens) <= 2 and cut.tokens == chain.tokens[: len(cut.tokens)]
+
 def test_index_is_incremental():
     src = make()
     toks = [1, 2, 3, 4]

@@ -310,6 +310,15 @@ def test_bad_sources_are_refused_with_their_reason(monkeypatch):
         Proposer(config(k=0))
 
 
+
+def test_sources_that_can_propose_a_chain_alone_do_unless_the_spec_says_tree(monkeypatch):
+    """vLLM verifies one chain: suffix is built with ``tree=False`` (no branch grown); a spec that sets the
+    option keeps it, and the user's source instances are not changed beyond that option."""
+    assert Proposer(config(), sources=["pld", "suffix"]).pristine[1].options.tree is False
+    monkeypatch.setenv("GOOSE_VLLM_SOURCES", "pld+suffix{tree=true,max_nodes=5}")
+    opts = Proposer(config()).pristine[1].options
+    assert opts.tree is True and opts.max_nodes == 5
+
 def test_proposals_are_checked_as_they_leave_a_source_and_drafts_stay_inside_the_model_length():
     class Wild(goose.DraftSource):
         name = "wild"
