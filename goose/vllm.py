@@ -17,9 +17,10 @@ proposer drafts that chain with Goose's registered sources, per request:
   maximises the batch's expected committed tokens (one per decoding request, plus the accepted
   drafts) per second of the step that verifies them. The step's time as a function of the rows it
   verifies is measured as the engine runs it (:class:`StepCost`: the time between calls, which
-  includes this proposer's own ``propose``, per bucket of rows, refitted as load changes), so a
-  compute-bound batch, where every drafted row costs about what a request's row costs, gets no
-  drafts, and a memory-bound one gets them. A step that ran a prompt (a request joining) is not
+  includes this proposer's own ``propose``, per bucket of decoding requests and of drafted rows,
+  refitted as load changes: a request's row costs more than a drafted row), so a compute-bound
+  batch, where every drafted row costs about what a request's row costs, gets no drafts, and a
+  memory-bound one gets them. A step that ran a prompt (a request joining) is not
   counted: its time is the prompt's. Each request's reach is scaled by its own measured acceptance
   (accepted over expected, shrunk toward 1), so a request vLLM samples at a temperature, whose
   sampler takes few drafted tokens, stops drafting while the others go on. When no draft pays, every
@@ -119,7 +120,7 @@ class Proposer:
     #: fall below the seconds asking the sources and planning took over the same steps (after ``rest_min``
     #: steps); a rest lasts ``rest_steps`` steps, twice as long after each step back that did not tip the sums
     #: (at most ``rest_max``)
-    rest_decay: float = 0.98
+    rest_decay: float = 0.95
     rest_min: int = 32
     rest_steps: int = 16
     rest_max: int = 128
@@ -228,9 +229,10 @@ class Proposer:
                 pending.append((i, st, row))
         if self.recycler is not None:
             self.recycler.harvest(fed, before)
-        left = 0  # rows counted for the step just run whose request left before it ran (finished, aborted)
-        for st in old.values():  # no row extends it: it left the batch
+        left = left_requests = 0  # rows (and requests) counted for the step just run whose request left before it ran
+        for st in old.values():  # no row extends it: it left the batch (finished, aborted)
             left += st.rows
+            left_requests += st.rows > 0
             self._free(st)
         out: list[list[int]] = [[] for _ in range(rows)]
         tokens_now = 0
@@ -274,7 +276,7 @@ class Proposer:
             st.rows = 1 + n
             rows_verified += 1 + n
             self.counts["drafted"] += n
-        self.cost.step(now, rows_verified, tokens_now, left, prompt=prompt)
+        self.cost.step(now, rows_verified, tokens_now, left, prompt=prompt, requests=len(laid), left_requests=left_requests)
         self.counts["steps"] += 1
         spent = perf_counter() - wall
         self.propose_s += spent
@@ -306,7 +308,7 @@ class Proposer:
         drafting is worth depends on it: what paid at 16 requests says nothing of 32."""
         led = self.ledgers.setdefault(StepCost.bucket(decoding), [0, 0.0, 0.0, self.rest_steps])
         led[0] += 1
-        led[1] = self.rest_decay * led[1] + (self.gain * self.cost.cost(rows) if self.gain is not None else 0.0)
+        led[1] = self.rest_decay * led[1] + (self.gain * self.cost.cost(rows, decoding) if self.gain is not None else 0.0)
         led[2] = self.rest_decay * led[2] + drafting
         if led[1] >= led[2]:
             led[3] = self.rest_steps
@@ -329,14 +331,14 @@ class Proposer:
         cands = sorted(((r, d, i) for i, reach in enumerate(reaches) for d, r in enumerate(reach)),
                        key=lambda c: (-c[0], c[1], c[2]))
         tokens = n + np.cumsum([0.0] + [r for r, _, _ in cands])
-        g = tokens / self.cost.costs(n, n + len(cands))
+        g = tokens / self.cost.costs(n, n + len(cands), n)
         best_k = int(np.argmax(g))  # the first of equal gains: the fewest tokens
         best = float(g[best_k])
         counts = [0] * n
         for r, d, i in cands[:best_k]:  # a request's depth d is taken only after its depth d - 1 (ties: shallower first)
             counts[i] = max(counts[i], d + 1)
         if cands:
-            self.gain = best / (n / self.cost.cost(n)) - 1.0  # the plan's expected gain in tokens per second
+            self.gain = best / (n / self.cost.cost(n, n)) - 1.0  # the plan's expected gain in tokens per second
         return counts
 
     # -- per request -----------------------------------------------------------------------------
@@ -408,7 +410,8 @@ class Proposer:
 
     def stats(self) -> dict:
         steps = max(1, self.counts["steps"])
-        return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "cost_by_rows": self.cost.table(),
+        return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "step_plane": self.cost.plane(),
+                "cost_by_requests": self.cost.table(),
                 "steps_with_prompt": self.cost.skipped,
                 "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
                 "propose_ms_max": round(1e3 * self.propose_max_s, 3), "rates": self.rates.snapshot(),
@@ -439,65 +442,84 @@ def _extends(row: np.ndarray, known: np.ndarray) -> bool:
 
 
 class StepCost:
-    """The engine step's time as a function of the rows it verifies (one per decoding request plus its drafted
-    tokens), measured as the engine runs it: each ``propose`` call ends the step the previous call's drafts
-    went into, and the time between the calls is that step's (forward, sampling, rejection sampler, scheduler,
-    and this proposer's own ``propose``). Old steps are decayed, so the estimates follow the load. A step that
-    carried prompt tokens (a request joining, or a chunk of its prompt) is not counted: its time is the
-    prompt's, which the rows do not predict (counted, such steps made small row counts look slower than
-    large ones, and every larger count as slow, so drafting looked free).
+    """The engine step's time as a function of the decoding requests in it and the drafted rows it verifies,
+    measured as the engine runs it: each ``propose`` call ends the step the previous call's drafts went into,
+    and the time between the calls is that step's (forward, sampling, rejection sampler, scheduler, and this
+    proposer's own ``propose``). Old steps are decayed, so the estimates follow the load. A step that carried
+    prompt tokens (a request joining, or a chunk of its prompt) is not counted: its time is the prompt's, which
+    the rows do not predict (counted, such steps made small row counts look slower than large ones, and every
+    larger count as slow, so drafting looked free).
 
-    - per bucket of rows (exact up to 8, then a quarter wider each), the decayed mean step time;
-    - a decayed least-squares line ``a + b * rows`` over every step, for rows no bucket has seen.
+    Why requests and drafted rows apart: a request's row costs more than a drafted row (its own attention over
+    its context, its sampling, the scheduler's and the output's per-request work): on this project's CPU with
+    vLLM at 16 requests, a decoding request added 5-8 ms to a step and a drafted row 0-2 ms (least squares over
+    the steps of one engine). Read by rows alone, steps of 16 requests and of 30 put the slope between them, 2-3
+    ms a row, on every drafted row, and drafting that paid looked as if it did not.
 
-    :meth:`cost` reads the buckets made non-decreasing in the rows (adjacent buckets that disagree are pooled,
-    weighted by their steps), interpolating between them and extrapolating past the largest with the line's
-    slope (or in proportion to the rows while no slope can be read), below the smallest along the line (at
-    most the smallest's time)."""
+    - per bucket of decoding requests (exact up to 8, then a quarter wider each) and of drafted rows (the same
+      bucketing), the decayed mean step time, requests and drafted rows;
+    - a decayed least-squares plane ``a + b_req * requests + b_row * drafted`` over every step, and a line
+      ``a + b * rows`` (rows: requests plus drafted), for what no bucket has seen.
+
+    :meth:`cost` for ``requests`` decoding requests reads the buckets of their request bucket (of every request
+    bucket while that one has none), each bucket's time moved to ``requests`` along the plane's ``b_req``; those
+    points, by drafted rows, are made non-decreasing (adjacent points that disagree are pooled, weighted by their
+    steps) and interpolated, extrapolated past the most drafted rows along ``b_row`` (the line's slope while the
+    plane cannot be read; in proportion to the rows while neither can) and below the fewest along it too (at
+    most that point's time). Without ``requests`` it reads every bucket by rows, as a curve of rows alone."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 8):
         self.decay, self.min_steps = decay, min_steps
-        self.s = np.zeros(6)  # sum w, w*x, w*x^2, w*y, w*x*y, w*tokens
+        self.s = np.zeros(6)  # rows line: sum w, w*x, w*x^2, w*y, w*x*y, w*tokens
+        self.p = np.zeros((4, 4))  # plane: decayed sum of v v^T with v = (1, requests, drafted, seconds)
         self.steps = 0
-        self.buckets: dict[int, list[float]] = {}  # bucket -> decayed [weight, sum of seconds, sum of rows]
-        self._last: tuple[float, int] | None = None
-        self._memo: dict[int, float] = {}  # cost by rows, until the next step
-        self._curve: list[tuple[float, float]] | None = None  # the pooled curve, until the next step
+        # (request bucket, drafted-rows bucket) -> decayed [weight, sum of seconds, sum of requests, sum of drafted]
+        self.buckets: dict[tuple[int, int], list[float]] = {}
+        self._last: tuple[float, int, int] | None = None
+        self._memo: dict = {}  # cost by (requests, rows), until the next step
+        self._curves: dict = {}  # the pooled curve by requests (None: by rows), until the next step
         self.skipped = 0  # steps not counted because they carried prompt tokens
 
     @staticmethod
-    def bucket(rows: int) -> int:
-        return rows if rows <= 8 else 8 + int(np.log(rows / 8.0) / np.log(1.25))
+    def bucket(n: int) -> int:
+        return n if n <= 8 else 8 + int(np.log(n / 8.0) / np.log(1.25))
 
-    def step(self, now: float, rows: int, tokens_now: int, left: int = 0, prompt: bool = False) -> None:
-        """A call at ``now`` plans ``rows`` rows for the coming step; the step just run verified the rows
-        the last call planned, less ``left`` (those of requests that left the batch before it ran), and
+    def step(self, now: float, rows: int, tokens_now: int, left: int = 0, prompt: bool = False,
+             requests: int | None = None, left_requests: int = 0) -> None:
+        """A call at ``now`` plans ``rows`` rows for the coming step, ``requests`` of them decoding requests' own
+        (None: every row is a request's); the step just run verified the rows and requests the last call planned,
+        less ``left`` rows and ``left_requests`` requests (of requests that left the batch before it ran), and
         carried prompt tokens if ``prompt`` (then it is not counted)."""
-        last, self._last = self._last, (now, rows)
+        last, self._last = self._last, (now, rows, rows if requests is None else requests)
         if last is None or last[1] - left <= 0 or prompt:
             self.skipped += prompt
             return
         dt = now - last[0]
         x = float(last[1] - left)
+        n = float(max(1, min(x, last[2] - left_requests)))
+        m = x - n
         self.s *= self.decay
         self.s += np.array([1.0, x, x * x, dt, x * dt, float(tokens_now)])
-        for v in self.buckets.values():
-            v[0] *= self.decay
-            v[1] *= self.decay
-            v[2] *= self.decay
-        e = self.buckets.setdefault(self.bucket(int(x)), [0.0, 0.0, 0.0])
+        v = np.array([1.0, n, m, dt])
+        self.p *= self.decay
+        self.p += np.outer(v, v)
+        for e in self.buckets.values():
+            for j in range(4):
+                e[j] *= self.decay
+        e = self.buckets.setdefault((self.bucket(int(n)), self.bucket(int(m)) if m else 0), [0.0, 0.0, 0.0, 0.0])
         e[0] += 1.0
         e[1] += dt
-        e[2] += x
+        e[2] += n
+        e[3] += m
         self.steps += 1
         self._memo.clear()
-        self._curve = None
+        self._curves.clear()
 
     def ready(self) -> bool:
         return self.steps >= self.min_steps
 
     def fit(self) -> tuple[float, float] | None:
-        """(a, b) in seconds, or None while unmeasured or degenerate."""
+        """(a, b) in seconds of the line over rows, or None while unmeasured or degenerate."""
         w, sx, sxx, sy, sxy, _ = self.s
         if self.steps < self.min_steps:
             return None
@@ -508,64 +530,99 @@ class StepCost:
         a = (sy - b * sx) / w
         return float(a), float(max(b, 0.0))
 
-    def cost(self, rows: int) -> float:
-        """Seconds of a step verifying ``rows`` rows (see the class docstring); call once :meth:`ready`."""
-        c = self._memo.get(rows)
-        if c is not None:
-            return c
-        if self._curve is None:
-            self._curve = self.curve()  # one pooling per step, however many row counts a plan reads
-        pts = self._curve
-        below = [(x, y) for x, y in pts if x <= rows]
-        above = [(x, y) for x, y in pts if x > rows]
-        if below and above:
-            (x0, y0), (x1, y1) = below[-1], above[0]
-            c = y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
-        elif below:
-            x0, y0 = below[-1]
-            f = self.fit()
-            c = y0 + f[1] * (rows - x0) if f is not None else y0 * rows / x0
-        else:  # fewer rows than any step measured: the line through every step, at most the smallest step's time
-            x1, y1 = above[0]
-            f = self.fit()
-            c = min(y1, f[0] + f[1] * rows) if f is not None else y1
-        c = max(c, 1e-9)
-        self._memo[rows] = c
-        return c
+    def plane(self) -> tuple[float, float, float] | None:
+        """(a, b_req, b_row) in seconds, slopes at least 0; None while unmeasured, or while the steps do not
+        vary in both requests and drafted rows."""
+        if self.steps < self.min_steps:
+            return None
+        xtx, xty = self.p[:3, :3], self.p[:3, 3]
+        scale = np.sqrt(np.diag(xtx)) + 1e-12
+        norm = xtx / np.outer(scale, scale)
+        if np.linalg.cond(norm) > 1e6:
+            return None
+        a, b_req, b_row = np.linalg.solve(xtx, xty)
+        return float(a), float(max(b_req, 0.0)), float(max(b_row, 0.0))
 
-    def costs(self, lo: int, hi: int) -> np.ndarray:
-        """``[cost(rows) for rows in lo..hi]``, as :meth:`cost` reads them, at once (call once :meth:`ready`)."""
-        if self._curve is None:
-            self._curve = self.curve()
-        xs, ys = (np.array(v, dtype=float) for v in zip(*self._curve))
+    def _points(self, requests: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(x, seconds, weight) of the buckets a cost at ``requests`` reads: x is drafted rows (rows while
+        ``requests`` is None), seconds moved to ``requests`` along the plane's request slope."""
+        live = [(k, e) for k, e in self.buckets.items() if e[0] > 0.05]
+        if requests is None:
+            pts = [((e[2] + e[3]) / e[0], e[1] / e[0], e[0]) for _, e in live]
+        else:
+            own = [(k, e) for k, e in live if k[0] == self.bucket(requests)] or live
+            pl = self.plane()
+            f = self.fit()
+            b_req = pl[1] if pl is not None else f[1] if f is not None else 0.0
+            pts = [(e[3] / e[0], e[1] / e[0] + b_req * (requests - e[2] / e[0]), e[0]) for _, e in own]
+        pts.sort()
+        return tuple(np.array(v, dtype=float) for v in zip(*pts))
+
+    def curve(self, requests: int | None = None) -> list[tuple[float, float]]:
+        """``[(x, seconds), ...]`` by x (drafted rows at ``requests`` requests; rows while None), made
+        non-decreasing: a point slower than the next is pooled with it (pool-adjacent-violators, weighted by
+        the buckets' decayed steps; points at the same x pooled too)."""
+        key = requests
+        if key in self._curves:
+            return self._curves[key]
+        blocks: list[list[float]] = []  # [weight, weighted x, weighted seconds]
+        if self.buckets:
+            xs, ys, ws = self._points(requests)
+            for x, y, w in zip(xs, ys, ws):
+                blocks.append([w, w * x, w * y])
+                while len(blocks) > 1 and (blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]
+                                           or blocks[-2][1] / blocks[-2][0] >= blocks[-1][1] / blocks[-1][0] - 1e-9):
+                    w2, x2, y2 = blocks.pop()
+                    blocks[-1][0] += w2
+                    blocks[-1][1] += x2
+                    blocks[-1][2] += y2
+        out = self._curves[key] = [(x / w, y / w) for w, x, y in blocks]
+        return out
+
+    def costs(self, lo: int, hi: int, requests: int | None = None) -> np.ndarray:
+        """``[cost(rows, requests) for rows in lo..hi]`` at once (call once :meth:`ready`)."""
+        pts = self.curve(requests)
+        xs, ys = (np.array(v, dtype=float) for v in zip(*pts))
         rows = np.arange(lo, hi + 1, dtype=float)
-        c = np.interp(rows, xs, ys)
-        f = self.fit()
-        past, short = rows > xs[-1], rows < xs[0]
-        if past.any():  # past the largest bucket: along the line's slope (in proportion to the rows without one)
-            c[past] = ys[-1] + f[1] * (rows[past] - xs[-1]) if f is not None else ys[-1] * rows[past] / xs[-1]
-        if short.any() and f is not None:  # below the smallest: along the line, at most the smallest's time
-            c[short] = np.minimum(ys[0], f[0] + f[1] * rows[short])
+        q = rows if requests is None else rows - requests
+        c = np.interp(q, xs, ys)
+        past, short = q > xs[-1], q < xs[0]
+        slope = self._slope(requests)
+        if past.any():  # past the most rows measured: along the slope (in proportion to the rows without one)
+            c[past] = ys[-1] + slope * (q[past] - xs[-1]) if slope is not None else ys[-1] * rows[past] / max(1.0, xs[-1] + (requests or 0))
+        if short.any():  # below the fewest: along the slope, at most that point's time
+            if requests is None:
+                f = self.fit()
+                c[short] = np.minimum(ys[0], f[0] + f[1] * rows[short]) if f is not None else ys[0]
+            else:
+                c[short] = ys[0] - (slope or 0.0) * (xs[0] - q[short])
         return np.maximum(c, 1e-9)
 
-    def curve(self) -> list[tuple[float, float]]:
-        """``[(rows, seconds), ...]`` of the measured buckets, by rows, made non-decreasing: a bucket slower
-        than the next is pooled with it (pool-adjacent-violators, weighted by the buckets' decayed steps)."""
-        blocks: list[list[float]] = []  # [weight, weighted rows, weighted seconds]
-        for v in sorted(self.buckets.values(), key=lambda v: v[2] / v[0] if v[0] else 0.0):
-            if v[0] <= 0.05:
-                continue
-            blocks.append([v[0], v[2], v[1]])
-            while len(blocks) > 1 and blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]:
-                w, x, y = blocks.pop()
-                blocks[-1][0] += w
-                blocks[-1][1] += x
-                blocks[-1][2] += y
-        return [(x / w, y / w) for w, x, y in blocks]
+    def _slope(self, requests: int | None) -> float | None:
+        """Seconds per row past the measured points: the plane's per drafted row (with ``requests``), else the
+        line's; None when neither can be read."""
+        if requests is not None:
+            pl = self.plane()
+            if pl is not None:
+                return pl[2]
+        f = self.fit()
+        return f[1] if f is not None else None
+
+    def cost(self, rows: int, requests: int | None = None) -> float:
+        """Seconds of a step verifying ``rows`` rows, ``requests`` of them decoding requests' own (see the class
+        docstring); call once :meth:`ready`."""
+        c = self._memo.get((requests, rows))
+        if c is None:
+            c = self._memo[requests, rows] = float(self.costs(rows, rows, requests)[0])
+        return c
 
     def table(self) -> dict:
-        """``{rows: mean ms}`` of the buckets measured, for the stats."""
-        return {round(v[2] / v[0], 1): round(1e3 * v[1] / v[0], 2) for _, v in sorted(self.buckets.items()) if v[0] > 0.05}
+        """``{requests: {drafted rows: mean ms}}`` of the buckets measured, for the stats."""
+        out: dict = {}
+        for (_, _), e in sorted(self.buckets.items()):
+            if e[0] > 0.05:
+                out.setdefault(round(e[2] / e[0], 1), {})[round(e[3] / e[0], 1)] = round(1e3 * e[1] / e[0], 2)
+        return out
 
     def min_reach(self, default: float) -> float:
         """A drafted token pays when its probability of being accepted, per second of its cost,
