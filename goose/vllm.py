@@ -478,6 +478,7 @@ class StepCost:
         self._last: tuple[float, int, int] | None = None
         self._memo: dict = {}  # cost by (requests, rows), until the next step
         self._curves: dict = {}  # the pooled curve by requests (None: by rows), until the next step
+        self._plane: tuple | None | bool = False  # the plane, until the next step (False: not solved yet)
         self.skipped = 0  # steps not counted because they carried prompt tokens
 
     @staticmethod
@@ -514,6 +515,7 @@ class StepCost:
         self.steps += 1
         self._memo.clear()
         self._curves.clear()
+        self._plane = False
 
     def ready(self) -> bool:
         return self.steps >= self.min_steps
@@ -533,6 +535,9 @@ class StepCost:
     def plane(self) -> tuple[float, float, float] | None:
         """(a, b_req, b_row) in seconds, slopes at least 0; None while unmeasured, or while the steps do not
         vary in both requests and drafted rows."""
+        if self._plane is not False:
+            return self._plane
+        self._plane = None
         if self.steps < self.min_steps:
             return None
         xtx, xty = self.p[:3, :3], self.p[:3, 3]
@@ -541,7 +546,8 @@ class StepCost:
         if np.linalg.cond(norm) > 1e6:
             return None
         a, b_req, b_row = np.linalg.solve(xtx, xty)
-        return float(a), float(max(b_req, 0.0)), float(max(b_row, 0.0))
+        self._plane = (float(a), float(max(b_req, 0.0)), float(max(b_row, 0.0)))
+        return self._plane
 
     def _points(self, requests: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(x, seconds, weight) of the buckets a cost at ``requests`` reads: x is drafted rows (rows while
