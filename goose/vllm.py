@@ -155,7 +155,8 @@ class Proposer:
         # drafting seconds (decayed), and how long the next rest lasts (doubling while drafting keeps not paying)
         self.ledgers: dict[int, list] = {}
         self.gain: float | None = None  # the last plan's expected relative gain in tokens per second
-        self.counts["rested"] = 0
+        self._planned: tuple | None = None  # (time, decoding requests, drafted rows, drafting seconds) of the last plan
+        self.counts["rested"] = self.counts["rests"] = 0  # steps rested, and rests begun
         self.trace_path = os.environ.get(ENV_TRACE) or None
         self.trace: list[tuple[int, int, float]] = []
         self._reach: dict = {}  # (key, n) -> reach, for the step being planned (the rates do not change in it)
@@ -238,7 +239,6 @@ class Proposer:
         tokens_now = 0
         laid: list[tuple[int, _Live, list[int], list[float]]] = []  # (row, state, chain, reach) per decoding request
         drafting = 0.0  # seconds asking the sources and planning (what resting saves)
-        resting = self.resting > 0
         decoding = []
         for i, st, row in pending:  # every request's last draft is booked before any is drafted: the rates
             sampled = [int(t) for t in sampled_token_ids[i]]  # then stay put for the step (their memo holds)
@@ -258,6 +258,9 @@ class Proposer:
             st.chains, st.drafted, st.rows, st.expect = {}, [], 0, 0.0
             if sampled:  # else not decoding this step (a prefill chunk): nothing to draft
                 decoding.append((i, st))
+        if self._planned is not None:  # what the last plan's step gave, now that it has run
+            self._weigh(now, tokens_now, prompt or left_requests > 0)
+        resting = self.resting > 0
         self._reach.clear()
         t0 = perf_counter()
         for i, st in decoding:
@@ -282,7 +285,7 @@ class Proposer:
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
         if laid and not resting and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
-            self._weigh(len(laid), rows_verified, drafting)
+            self._planned = (now, len(laid), rows_verified - len(laid), drafting)
         if self.recycler is not None:  # the next step's rows are read only if the next call drafts
             self.recycler.active = self.resting == 0
         if self.trace_path is not None:
@@ -300,21 +303,31 @@ class Proposer:
                 json.dump({"steps": self.trace, "stats": self.stats()}, f, default=str)
             os.replace(tmp, self.trace_path)
 
-    def _weigh(self, decoding: int, rows: int, drafting: float) -> None:
-        """Book a drafting step in the ledger of its batch size (``decoding`` requests, bucketed): its plan's
-        seconds saved (the relative gain times the step's cost; 0 when no source proposed) against the seconds
-        drafting took. Where that ledger's decayed sums say drafting has not paid, the sources rest, twice as
-        long as that ledger's last rest while its sums stay that way. A ledger per batch size, because what
-        drafting is worth depends on it: what paid at 16 requests says nothing of 32."""
-        led = self.ledgers.setdefault(StepCost.bucket(decoding), [0, 0.0, 0.0, self.rest_steps])
+    def _weigh(self, now: float, tokens: int, skip: bool) -> None:
+        """Book the step the last plan went into, now that it has run (``tokens`` committed in it), in the ledger
+        of its batch size (its decoding requests, bucketed). A step that verified drafts books what it **saved**:
+        the time its tokens would have taken at the measured cost of a step of as many requests without drafts,
+        less the time it took (which includes asking the sources and planning); a step whose plan drafted nothing
+        books the seconds asking and planning took, as a loss. Not booked (``skip``): a step that ran a prompt or
+        that a request left (its time or its tokens are not the plan's). Where that ledger's decayed sum is
+        negative, the sources rest, twice as long as that ledger's last rest while it stays so. Booked from what
+        happened, not from what the plan expected: a plan priced on a wrong cost, or on rates a batch does not
+        reach, shows in its steps' times and tokens. A ledger per batch size, because what drafting is worth
+        depends on it: what paid at 16 requests says nothing of 32."""
+        t0, n, drafted, drafting = self._planned
+        self._planned = None
+        if skip or not self.cost.ready():
+            return
+        led = self.ledgers.setdefault(StepCost.bucket(n), [0, 0.0, self.rest_steps])
         led[0] += 1
-        led[1] = self.rest_decay * led[1] + (self.gain * self.cost.cost(rows, decoding) if self.gain is not None else 0.0)
-        led[2] = self.rest_decay * led[2] + drafting
-        if led[1] >= led[2]:
-            led[3] = self.rest_steps
+        saved = tokens * self.cost.cost(n, n) / n - (now - t0) if drafted else -drafting
+        led[1] = self.rest_decay * led[1] + saved
+        if led[1] >= 0.0:
+            led[2] = self.rest_steps
         elif led[0] >= self.rest_min:
-            self.resting = led[3]
-            led[3] = min(self.rest_max, 2 * led[3])
+            self.resting = led[2]
+            led[2] = min(self.rest_max, 2 * led[2])
+            self.counts["rests"] += 1
 
     def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
         """How many tokens each decoding request drafts this step, from each chain's reach (P(right through
