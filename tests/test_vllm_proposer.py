@@ -752,3 +752,25 @@ def test_while_the_sources_rest_no_logits_are_read():
     assert p.counts["rested"] > eng.forwards // 2, p.counts
     assert rec.counts["captured"] <= eng.forwards - p.counts["rested"] + p.counts["rests"] + 1, (rec.counts, eng.forwards, p.counts)
     assert rec.counts["mismatched"] == 0, rec.counts
+
+
+def test_the_ab_benchmark_splits_steps_by_whether_the_plan_drafted():
+    """benchmarks/vllm_ab.py: step i runs between calls i and i + 1; its drafts are planned at call i, its tokens
+    and whether it ran a prompt read at call i + 1; steps that ran a prompt count only in the prompt share."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "vllm_ab.py"
+    spec = importlib.util.spec_from_file_location("vllm_ab_under_test", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    # (time, decoding, tokens sampled, drafted, prompt steps so far, propose seconds)
+    log = [(0.0, 4, 4, 8, 0, 0.001),  # step 0: drafts 8, takes 0.1 s, 6 tokens
+           (0.1, 4, 6, 0, 0, 0.001),  # step 1: no drafts, 0.1 s, 4 tokens
+           (0.2, 4, 4, 8, 0, 0.002),  # step 2: ran a prompt (counted at the next call), 0.3 s
+           (0.5, 4, 4, 0, 1, 0.001),
+           (0.6, 4, 4, 0, 1, 0.001)]
+    out = ab.split(log, min_decoding=3)
+    assert out["drafting"] == {"steps": 1, "tok_s": 60.0, "drafted_per_request": 2.0, "propose_ms": 1.0}
+    assert out["plain"]["steps"] == 2 and out["plain"]["tok_s"] == 40.0  # steps 1 and 3: 4 + 4 tokens in 0.2 s
+    assert out["ratio"] == 1.5 and out["prompt_share"] == 0.5
