@@ -270,6 +270,23 @@ def confidence(p1: float, n1: int, pattern: int) -> float:
     return min(1.0, max(0.0, c))
 
 
+
+def _continuations(members: list, vocab: int | None) -> dict[int, list]:
+    """``members`` (``(text, position)``, most recent first) grouped by the token at their position, each moved one
+    past it; in order of first appearance, so among groups of one size the first is the most recent. Members at
+    their text's end, and tokens outside ``[0, vocab)``, are left out."""
+    groups: dict[int, list] = {}
+    for seq, pos in members:
+        if pos < len(seq):
+            t = seq[pos]
+            if t < 0 or (vocab is not None and t >= vocab):
+                continue
+            g = groups.get(t)
+            if g is None:
+                groups[t] = g = []
+            g.append((seq, pos + 1))
+    return groups
+
 class SuffixSource(DraftSource):
     """Suffix matching over the request and earlier generations (SuffixDecoding-style): a frequency-weighted tree."""
 
@@ -395,16 +412,7 @@ class SuffixSource(DraftSource):
         counts: list[int] = []
         score = 1.0
         while members and len(toks) < min(depth_cap, o.max_nodes):
-            groups: dict[int, list] = {}
-            for seq, pos in members:  # most recent first: the first group of the largest size is the most recent
-                if pos < len(seq):
-                    t = seq[pos]
-                    if t < 0 or (vocab is not None and t >= vocab):
-                        continue
-                    g = groups.get(t)
-                    if g is None:
-                        groups[t] = g = []
-                    g.append((seq, pos + 1))
+            groups = _continuations(members, vocab)  # the first group of the largest size is the most recent
             if not groups:
                 break
             t, g = max(groups.items(), key=lambda kv: len(kv[1]))
@@ -429,16 +437,7 @@ class SuffixSource(DraftSource):
 
         def expand(parent: int, depth: int, score: float, members: list) -> None:
             nonlocal counter
-            groups: dict[int, list] = {}
-            for seq, pos in members:  # most recent first: a tie goes to the more recent occurrence
-                if pos < len(seq):
-                    t = seq[pos]
-                    if t < 0 or (vocab is not None and t >= vocab):
-                        continue
-                    g = groups.get(t)
-                    if g is None:
-                        groups[t] = g = []
-                    g.append((seq, pos + 1))
+            groups = _continuations(members, vocab)  # a tie goes to the more recent occurrence
             total = len(members)
             for t, g in sorted(groups.items(), key=lambda kv: -len(kv[1])):  # stable: recency among ties
                 s = score * len(g) / total
