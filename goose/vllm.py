@@ -115,11 +115,11 @@ class Proposer:
     min_reach: float | None = None
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
-    #: the sources rest (no drafting: the engine runs as without speculation) when the plans' seconds saved,
-    #: summed over recent drafting steps with as many decoding requests (decayed by ``rest_decay`` per step),
-    #: fall below the seconds asking the sources and planning took over the same steps (after ``rest_min``
-    #: steps); a rest lasts ``rest_steps`` steps, twice as long after each step back that did not tip the sums
-    #: (at most ``rest_max``)
+    #: the sources rest (no drafting: the engine runs as without speculation) when what recent steps with as many
+    #: decoding requests saved, measured (a drafting step: its tokens at the cost of a step without drafts, less
+    #: its time; a step that drafted nothing: minus the time asking the sources took), summed with a decay of
+    #: ``rest_decay`` per step, is negative (after ``rest_min`` steps); a rest lasts ``rest_steps`` steps, twice
+    #: as long after each step back that did not lift the sum (at most ``rest_max``); see :meth:`Proposer._weigh`
     rest_decay: float = 0.95
     rest_min: int = 32
     rest_steps: int = 16
@@ -608,7 +608,10 @@ class StepCost:
         past, short = q > xs[-1], q < xs[0]
         slope = self._slope(requests)
         if past.any():  # past the most rows measured: along the slope (in proportion to the rows without one)
-            c[past] = ys[-1] + slope * (q[past] - xs[-1]) if slope is not None else ys[-1] * rows[past] / max(1.0, xs[-1] + (requests or 0))
+            if slope is not None:
+                c[past] = ys[-1] + slope * (q[past] - xs[-1])
+            else:
+                c[past] = ys[-1] * rows[past] / max(1.0, xs[-1] + (requests or 0))
         if short.any():  # below the fewest: along the slope, at most that point's time
             if requests is None:
                 f = self.fit()
