@@ -151,10 +151,9 @@ class Proposer:
         self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
         self.propose_max_s = 0.0
         self.resting = 0  # steps left to rest
-        # per bucket of decoding requests (StepCost.bucket): drafting steps weighed, their planned seconds saved and
-        # drafting seconds (decayed), and how long the next rest lasts (doubling while drafting keeps not paying)
+        # per bucket of decoding requests (StepCost.bucket): steps booked, their measured seconds saved (decayed), and
+        # how long the next rest lasts (doubling while drafting keeps not paying); see _weigh
         self.ledgers: dict[int, list] = {}
-        self.gain: float | None = None  # the last plan's expected relative gain in tokens per second
         self._planned: tuple | None = None  # (time, decoding requests, drafted rows, drafting seconds) of the last plan
         self.counts["rested"] = self.counts["rests"] = 0  # steps rested, and rests begun
         self.trace_path = os.environ.get(ENV_TRACE) or None
@@ -337,7 +336,6 @@ class Proposer:
         before the step cost has been measured, a token is drafted while its reach is at least that floor
         (``start_reach`` before the measurement)."""
         n = len(reaches)
-        self.gain = None
         if self.min_reach is not None or not self.cost.ready():
             floor = self.min_reach if self.min_reach is not None else self.start_reach
             return [next((d for d, r in enumerate(reach) if r < floor), len(reach)) for reach in reaches]
@@ -346,12 +344,9 @@ class Proposer:
         tokens = n + np.cumsum([0.0] + [r for r, _, _ in cands])
         g = tokens / self.cost.costs(n, n + len(cands), n)
         best_k = int(np.argmax(g))  # the first of equal gains: the fewest tokens
-        best = float(g[best_k])
         counts = [0] * n
         for r, d, i in cands[:best_k]:  # a request's depth d is taken only after its depth d - 1 (ties: shallower first)
             counts[i] = max(counts[i], d + 1)
-        if cands:
-            self.gain = best / (n / self.cost.cost(n, n)) - 1.0  # the plan's expected gain in tokens per second
         return counts
 
     # -- per request -----------------------------------------------------------------------------
@@ -517,10 +512,13 @@ class StepCost:
         v = np.array([1.0, n, m, dt])
         self.p *= self.decay
         self.p += np.outer(v, v)
-        for e in self.buckets.values():
+        for k in list(self.buckets):
+            e = self.buckets[k]
             for j in range(4):
                 e[j] *= self.decay
-        e = self.buckets.setdefault((self.bucket(int(n)), self.bucket(int(m)) if m else 0), [0.0, 0.0, 0.0, 0.0])
+            if e[0] < 1e-4:  # decayed away (read only above 0.05): dropped, so the loop stays as long as the load's buckets
+                del self.buckets[k]
+        e = self.buckets.setdefault((self.bucket(int(n)), self.bucket(int(m))), [0.0, 0.0, 0.0, 0.0])
         e[0] += 1.0
         e[1] += dt
         e[2] += n
@@ -571,7 +569,7 @@ class StepCost:
         else:
             own = [(k, e) for k, e in live if k[0] == self.bucket(requests)] or live
             pl = self.plane()
-            f = self.fit()
+            f = self.fit() if pl is None else None
             b_req = pl[1] if pl is not None else f[1] if f is not None else 0.0
             pts = [(e[3] / e[0], e[1] / e[0] + b_req * (requests - e[2] / e[0]), e[0]) for _, e in own]
         pts.sort()
