@@ -65,7 +65,7 @@ from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_s
 
 ENV_SOURCES = "GOOSE_VLLM_SOURCES"
 RECYCLING = "tr"  # the source name served by the Recycler
-ENV_TRACE = "GOOSE_VLLM_TRACE"  # a file path: each step's (decoding requests, rows planned, propose ms) is written there
+ENV_TRACE = "GOOSE_VLLM_TRACE"  # a file path: each call's step is written there (Proposer._trace)
 
 
 @dataclass
@@ -115,15 +115,15 @@ class Proposer:
     min_reach: float | None = None
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
-    #: the sources rest (no drafting: the engine runs as without speculation) when what recent steps with as many
-    #: decoding requests saved, measured (a drafting step: its tokens at the cost of a step without drafts, less
-    #: its time; a step that drafted nothing: minus the time asking the sources took), summed with a decay of
-    #: ``rest_decay`` per step, is negative (after ``rest_min`` steps); a rest lasts ``rest_steps`` steps, twice
-    #: as long after each step back that did not lift the sum (at most ``rest_max``); see :meth:`Proposer._weigh`
-    rest_decay: float = 0.95
-    rest_min: int = 32
+    #: the sources rest (no drafting: the engine runs as without speculation) when what a window of ``rest_window``
+    #: booked steps with as many decoding requests saved, measured (a drafting step: its tokens at the cost of a
+    #: step without drafts, less its time; a step that drafted nothing: minus the time asking the sources took),
+    #: sums to less than nothing; a rest lasts ``rest_steps`` steps, twice as long after each window after a rest
+    #: that again saved nothing (at most ``rest_max``), and ends early if the batch halves or doubles; see
+    #: :meth:`Proposer._weigh`
+    rest_window: int = 32
     rest_steps: int = 16
-    rest_max: int = 128
+    rest_max: int = 512
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
@@ -151,13 +151,15 @@ class Proposer:
         self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
         self.propose_max_s = 0.0
         self.resting = 0  # steps left to rest
-        # per bucket of decoding requests (StepCost.bucket): steps booked, their measured seconds saved (decayed), and
-        # how long the next rest lasts (doubling while drafting keeps not paying); see _weigh
+        self._rest_n = 0  # decoding requests when the rest began
+        # per bucket of decoding requests (StepCost.bucket): steps booked in the current window, the seconds they saved
+        # (measured), and how long the next rest lasts (doubling while drafting keeps not paying); see _weigh
         self.ledgers: dict[int, list] = {}
         self._planned: tuple | None = None  # (time, decoding requests, drafted rows, drafting seconds) of the last plan
         self.counts["rested"] = self.counts["rests"] = 0  # steps rested, and rests begun
         self.trace_path = os.environ.get(ENV_TRACE) or None
-        self.trace: list[tuple[int, int, float]] = []
+        self.trace: list[tuple] = []  # the calls not yet written (and the last 20 written)
+        self._traced = 0  # calls traced
         self._reach: dict = {}  # (key, n) -> reach, for the step being planned (the rates do not change in it)
         _INSTANCES.add(self)
 
@@ -259,6 +261,8 @@ class Proposer:
                 decoding.append((i, st))
         if self._planned is not None:  # what the last plan's step gave, now that it has run
             self._weigh(now, tokens_now, prompt or left_requests > 0)
+        if self.resting and not self._rest_n / 2 <= len(decoding) <= 2 * self._rest_n:
+            self.resting = 0  # the batch has halved or doubled since the rest began: its own ledger judges it
         resting = self.resting > 0
         self._reach.clear()
         t0 = perf_counter()
@@ -288,19 +292,26 @@ class Proposer:
         if self.recycler is not None:  # the next step's rows are read only if the next call drafts
             self.recycler.active = self.resting == 0
         if self.trace_path is not None:
-            self._trace(len(laid), rows_verified, spent)
+            self._trace((len(laid), rows_verified, round(spent * 1e3, 3), round(now * 1e3, 3), tokens_now,
+                         int(prompt or left_requests > 0), int(resting)))
         return out
 
-    def _trace(self, decoding: int, rows: int, spent: float) -> None:
-        """Append this step to the trace; every 20 steps rewrite the trace file (JSON: steps and stats)."""
+    def _trace(self, entry: tuple) -> None:
+        """Append this call to the trace: (decoding requests, rows planned, propose ms, the call's clock in ms,
+        tokens the step just run committed, whether that step ran a prompt or lost a request, whether this call
+        rested). The trace file is JSON lines, appended every 20 calls (one array per call) and every 200 with a
+        ``{"stats": ...}`` line (:meth:`stats`); appended, not rewritten, so writing it stays as cheap at the
+        thousandth step as at the first (it runs between the engine's steps)."""
         import json
 
-        self.trace.append((decoding, rows, round(spent * 1e3, 3)))
-        if len(self.trace) % 20 == 0:
-            tmp = self.trace_path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"steps": self.trace, "stats": self.stats()}, f, default=str)
-            os.replace(tmp, self.trace_path)
+        self.trace.append(entry)
+        self._traced += 1
+        if self._traced % 20 == 0:
+            with open(self.trace_path, "a") as f:
+                f.writelines(json.dumps(e) + "\n" for e in self.trace[-20:])
+                if self._traced % 200 == 0:
+                    f.write(json.dumps({"stats": self.stats()}, default=str) + "\n")
+            del self.trace[:-20]  # written; the last 20 kept for a reader of this object
 
     def _weigh(self, now: float, tokens: int, skip: bool) -> None:
         """Book the step the last plan went into, now that it has run (``tokens`` committed in it), in the ledger
@@ -308,25 +319,35 @@ class Proposer:
         the time its tokens would have taken at the measured cost of a step of as many requests without drafts,
         less the time it took (which includes asking the sources and planning); a step whose plan drafted nothing
         books the seconds asking and planning took, as a loss. Not booked (``skip``): a step that ran a prompt or
-        that a request left (its time or its tokens are not the plan's). Where that ledger's decayed sum is
-        negative, the sources rest, twice as long as that ledger's last rest while it stays so. Booked from what
-        happened, not from what the plan expected: a plan priced on a wrong cost, or on rates a batch does not
-        reach, shows in its steps' times and tokens. A ledger per batch size, because what drafting is worth
-        depends on it: what paid at 16 requests says nothing of 32."""
+        that a request left (its time or its tokens are not the plan's).
+
+        Every ``rest_window`` booked steps the window is judged and a new one begins: where it saved less than
+        nothing the sources rest (each rest twice as long as that ledger's last while its windows keep saving
+        nothing); where it saved, the next rest is short again. A window's plain sum, because what drafting saves is
+        lumpy: at one request most drafting steps accept nothing and lose a few ms, and one in ten or twenty
+        accepts several tokens and saves 100-300 ms. A sum decayed step by step went negative between such steps
+        where drafting paid on average, and carried through a rest (no step is booked while resting) it was
+        judged again on the one step after it, so one unlucky step rested the sources twice as long, again and
+        again (659 of 740 calls at one request in issue 41's benchmark). Booked from what happened, not from what
+        the plan expected: a plan priced on a wrong cost, or on rates a batch does not reach, shows in its steps'
+        times and tokens. A ledger per batch size, because what drafting is worth depends on it: what paid at 16
+        requests says nothing of 32."""
         t0, n, drafted, drafting = self._planned
         self._planned = None
         if skip or not self.cost.ready():
             return
         led = self.ledgers.setdefault(StepCost.bucket(n), [0, 0.0, self.rest_steps])
         led[0] += 1
-        saved = tokens * self.cost.cost(n, n) / n - (now - t0) if drafted else -drafting
-        led[1] = self.rest_decay * led[1] + saved
-        if led[1] >= 0.0:
-            led[2] = self.rest_steps
-        elif led[0] >= self.rest_min:
-            self.resting = led[2]
+        led[1] += tokens * self.cost.cost(n, n) / n - (now - t0) if drafted else -drafting
+        if led[0] < self.rest_window:
+            return
+        if led[1] < 0.0:
+            self.resting, self._rest_n = led[2], n
             led[2] = min(self.rest_max, 2 * led[2])
             self.counts["rests"] += 1
+        else:
+            led[2] = self.rest_steps
+        led[0], led[1] = 0, 0.0
 
     def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
         """How many tokens each decoding request drafts this step, from each chain's reach (P(right through

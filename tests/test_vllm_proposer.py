@@ -380,8 +380,9 @@ def test_a_compute_bound_batch_gets_no_drafts():
     once the cost is measured nothing is drafted and the engine runs as without speculation."""
     p, drafted, _ = run_batch(lambda rows: 0.004 * rows)
     assert p.cost.ready() and sum(drafted[p.cost.min_steps + 2:]) == 0, drafted
-    # and its sources rest: a plan that gains nothing does not pay for asking them
-    assert p.counts["rested"] > len(drafted) // 2, p.counts
+    # and its sources rest: a plan that gains nothing does not pay for asking them (windows of 32 booked steps
+    # judged, the rests between them doubling; the batch shrinking at the end ends a rest)
+    assert p.counts["rested"] > len(drafted) // 4 and p.counts["rests"] >= 2, p.counts
 
 
 def test_a_memory_bound_batch_gets_drafts_and_they_pay():
@@ -554,8 +555,9 @@ def test_resting_sources_are_not_asked(monkeypatch):
     monkeypatch.setattr(gv, "call_source", lambda *a, **k: calls.append(1) or real(*a, **k))
     p, drafted, _ = run_batch(lambda rows: 0.004 * rows, n_req=16)
     steps = len(drafted)
-    assert p.counts["rested"] > steps // 2
-    assert len(calls) < 0.35 * steps * 16, (len(calls), steps)  # asked on fewer than a third of request-steps
+    assert p.counts["rested"] > steps // 4
+    # one source per request, asked only on the calls that do not rest
+    assert len(calls) <= (steps - p.counts["rested"]) * 16, (len(calls), steps, p.counts)
 
 
 class Oracle(goose.DraftSource):
@@ -749,7 +751,7 @@ def test_while_the_sources_rest_no_logits_are_read():
     while eng.rows:
         eng.step()
     rec = p.recycler
-    assert p.counts["rested"] > eng.forwards // 2, p.counts
+    assert p.counts["rested"] > eng.forwards // 4, p.counts
     assert rec.counts["captured"] <= eng.forwards - p.counts["rested"] + p.counts["rests"] + 1, (rec.counts, eng.forwards, p.counts)
     assert rec.counts["mismatched"] == 0, rec.counts
 
@@ -774,3 +776,59 @@ def test_the_ab_benchmark_splits_steps_by_whether_the_plan_drafted():
     assert out["drafting"] == {"steps": 1, "tok_s": 60.0, "drafted_per_request": 2.0, "propose_ms": 1.0}
     assert out["plain"]["steps"] == 2 and out["plain"]["tok_s"] == 40.0  # steps 1 and 3: 4 + 4 tokens in 0.2 s
     assert out["ratio"] == 1.5 and out["prompt_share"] == 0.5
+
+
+
+def test_lumpy_savings_are_judged_by_window_and_a_rest_ends_in_a_fresh_trial():
+    """What drafting saves at one request is lumpy: most drafting steps accept nothing and lose 5 ms, one in
+    twenty accepts several tokens and saves 200 ms, so drafting saves 5 ms a step on average. After a first
+    window that lost (a slow start), the sources rest once and then keep drafting. Judged on a sum decayed
+    step by step and carried through the rest, the step after each rest decided, and the sources rested
+    twice as long again and again (issue 41: 659 of 740 calls at one request)."""
+
+    class Cost:
+        def ready(self):
+            return True
+
+        def cost(self, rows, requests=None):
+            return 0.035
+
+    p = Proposer(config(k=8), sources=["pld"])
+    p.cost = Cost()
+    t, booked, rested = 0.0, 0, 0
+    while booked < 32 + 640:
+        if p.resting:
+            p.resting -= 1
+            rested += 1
+            continue
+        lose = booked < 32 or booked % 20
+        dt = 0.040 if lose else 0.045
+        tokens = 1 if lose else 1 + round((0.200 + dt) / 0.035)  # saves 200 ms: its tokens at 35 ms each, less its time
+        p._planned = (t, 1, 8, 0.0005)
+        t += dt
+        p._weigh(t, tokens, False)
+        booked += 1
+    assert p.counts["rests"] == 1 and rested == p.rest_steps, (p.counts, rested)
+
+
+
+def test_the_trace_is_appended_as_json_lines_the_benchmark_reads(tmp_path, monkeypatch):
+    """GOOSE_VLLM_TRACE: every call appended (20 at a time) as a JSON array, every 200 calls a stats line;
+    benchmarks/vllm_serving.py reads both back."""
+    import importlib.util
+    import pathlib
+
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("GOOSE_VLLM_TRACE", str(trace))
+    p, drafted, _ = run_batch(lambda rows: 0.004 * rows, length=300)  # compute-bound: about one token a step
+    calls = p.counts["steps"]
+    assert calls >= 200, calls
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "vllm_serving.py"
+    spec = importlib.util.spec_from_file_location("vllm_serving_under_test", path)
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    steps = vs.read_trace(str(trace))
+    assert len(steps) == calls - calls % 20  # the last calls wait for the next 20
+    assert all(len(s) == 7 for s in steps) and [s[1] - s[0] for s in steps] == drafted[: len(steps)]
+    stats = vs.read_stats(str(trace))
+    assert stats is not None and stats["steps"] == 200 * (calls // 200)
