@@ -27,19 +27,23 @@ import sys
 from collections import defaultdict
 
 
-def longest_copy(docs: list[list[int]], seq: list[int], i: int, m: int) -> int:
-    """The longest run of ``seq[i:]`` that follows some occurrence of ``seq[i-m:i]`` in ``docs``."""
+def longest_copy(docs: list[list[int]], seq: list[int], i: int, m: int, limit: int | None = None) -> int:
+    """The longest run of ``seq[i:]`` (at most ``limit`` tokens) that follows some occurrence of ``seq[i-m:i]``
+    in ``docs``."""
     if i < m:
         return 0
     key = seq[i - m : i]
+    cap = len(seq) - i if limit is None else min(limit, len(seq) - i)
     best = 0
     for doc in docs:
         for j in range(m, len(doc)):
             if doc[j - m : j] == key:
                 a = 0
-                while j + a < len(doc) and i + a < len(seq) and doc[j + a] == seq[i + a]:
+                while a < cap and j + a < len(doc) and doc[j + a] == seq[i + a]:
                     a += 1
                 best = max(best, a)
+                if best == cap:
+                    return best
     return best
 
 

@@ -36,7 +36,7 @@ class Alternating(Proposer):
     ``log``: per call, (time, decoding requests, tokens sampled, drafted, prompt steps so far, propose seconds)."""
 
     block = int(os.environ.get("GOOSE_AB_BLOCK", "8"))
-    rest_min = 1 << 62
+    rest_window = 1 << 62
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -135,13 +135,18 @@ def main() -> int:
             procs = [f"none+{n}" for n in names if n != "none"]
         else:
             procs = names
-        rows, base = [], {}
+        rows, base, prompts, none_tokens, traces = [], {}, {}, {}, {}
         for proc in procs:
             part = f"{args.out}.{proc}.json"
             subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", proc, "--out", part, "--goose-loop", ""],
                            check=True)
             with open(part) as f:
                 got = json.load(f)
+            prompts.update(got.get("prompts", {}))
+            none_tokens.update({k: v for k, v in got["tokens"].items() if k.endswith("|none")})
+            stats = read_stats(f"{part}.trace")
+            if stats is not None:
+                traces[proc] = stats
             for row in sorted(got["rows"], key=lambda r: r["config"] != "none"):  # this process's baseline first
                 key = (row["dataset"], row["concurrency"], row["round"])
                 toks = got["tokens"][f"{row['dataset']}|{row['concurrency']}|{row['round']}|{row['config']}"]
@@ -154,13 +159,16 @@ def main() -> int:
         print_table(rows)
         rows += goose_loop(args, sets) if args.goose_loop else []
         with open(args.out, "w") as f:
-            json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "rows": rows}, f, indent=1)
+            json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "k": args.k, "rows": rows, "prompts": prompts,
+                       "none_tokens": none_tokens, "goose_stats": traces}, f, indent=1)
         return 0
     names = args.one.split("+")  # one engine, or two interleaved (--interleave)
     configs = [c for n in names for c in configs if c[0] == n]
     rows, outputs = [], {}
     trace = f"{args.out}.trace"
-    if "goose" in names:  # the proposer writes its steps there (goose.vllm.ENV_TRACE): its own time per step
+    if "goose" in names:  # the proposer appends its steps there (goose.vllm.ENV_TRACE): its own time per step
+        if os.path.exists(trace):
+            os.remove(trace)
         os.environ["GOOSE_VLLM_TRACE"] = trace
     if len(configs) > 1:  # two engines in one process: each gets a small KV cache (enough for 32 requests here)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "3")
@@ -176,6 +184,7 @@ def main() -> int:
     warm_sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=32, seed=0 if args.temperature > 0 else None)
     tok = engines[0][1].get_tokenizer()
     ids = {}  # chat -> prompt token ids (one template for every engine)
+    prompts_by_group = {}  # "dataset|c" -> the prompts' token ids, in the order submitted
 
     def prompt_ids(chat):
         key = chat[0]["content"]
@@ -197,6 +206,7 @@ def main() -> int:
             groups = {"ALL": [x for xs in zip(*sets.values()) for x in xs]}
         for ds, chats in groups.items():
             prompts = [prompt_ids(ch) for ch in chats]
+            prompts_by_group[f"{ds}|{c}"] = prompts
             for r in range(args.rounds):
                 for name, llm, start in engines[:: 1 if r % 2 == 0 else -1]:  # the order alternates per round
                     forget_history()
@@ -206,7 +216,7 @@ def main() -> int:
                     outputs[f"{ds}|{c}|{r}|{name}"] = toks
                     print(json.dumps(rows[-1]), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"rows": rows, "tokens": outputs}, f)
+        json.dump({"rows": rows, "tokens": outputs, "prompts": prompts_by_group}, f)
     return 0
 
 
@@ -225,7 +235,8 @@ def phase(llm, prompts: list[list[int]], sp, c: int, trace: str) -> tuple[dict, 
     drafted = d.get("vllm:spec_decode_num_draft_tokens") or 0
     row = dict(tokens=n, seconds=round(dt, 3), tok_s=round(n / dt, 2), speedup=None, identical=None,
                accepted_per_draft=round(acc / drafts, 3) if drafts else None,
-               acceptance=round(acc / drafted, 3) if drafted else None)
+               acceptance=round(acc / drafted, 3) if drafted else None,
+               accepted_tokens=acc, draft_tokens=drafted, drafts=drafts)
     return {**row, **propose_time(read_trace(trace)[seen:])}, toks
 
 
@@ -307,13 +318,24 @@ def forget_history() -> None:
         p.forget()
 
 
-def read_trace(path: str) -> list:
-    """The proposer's steps written so far, ``[(decoding requests, rows planned, propose ms), ...]``."""
+def _trace_lines(path: str) -> list:
+    """The lines of the proposer's trace (goose.vllm.Proposer._trace: JSON lines), [] while there is none."""
     try:
         with open(path) as f:
-            return json.load(f)["steps"]
-    except (OSError, ValueError, KeyError):
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
         return []
+
+
+def read_trace(path: str) -> list:
+    """The proposer's calls written so far, ``[(decoding requests, rows planned, propose ms, ...), ...]``."""
+    return [e for e in _trace_lines(path) if isinstance(e, list)]
+
+
+def read_stats(path: str) -> dict | None:
+    """The proposer's stats as its trace last wrote them (step costs, rates, counts); None without a trace."""
+    stats = [e["stats"] for e in _trace_lines(path) if isinstance(e, dict) and "stats" in e]
+    return stats[-1] if stats else None
 
 
 def propose_time(steps: list) -> dict:
