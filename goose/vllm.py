@@ -24,7 +24,11 @@ proposer drafts that chain with Goose's registered sources, per request:
   counted: its time is the prompt's. Each request's reach is scaled by its own measured acceptance
   (accepted over expected, shrunk toward 1), so a request vLLM samples at a temperature, whose
   sampler takes few drafted tokens, stops drafting while the others go on. When no draft pays, every
-  row gets none: the engine runs as without speculation.
+  row gets none: the engine runs as without speculation. A batch that always drafts still runs a step
+  without drafts now and then (a probe, about one in sixty), so the cost drafted rows are weighed
+  against stays measured, not extrapolated. What drafting saved is measured too, step by step
+  (:meth:`Proposer._weigh`): where a window of steps saved nothing, the sources rest and are not
+  asked, and the proposer costs only its bookkeeping.
 
 Sources by default: ``pld`` and ``suffix`` (context and history; any registered chain source can
 stand beside them) and ``tr``, token recycling. vLLM's proposer interface passes no logits, but vLLM
@@ -122,8 +126,14 @@ class Proposer:
     #: that again saved nothing (at most ``rest_max``), and ends early if the batch halves or doubles; see
     #: :meth:`Proposer._weigh`
     rest_window: int = 32
+    #: a window is judged at once when it has lost this many steps' time (of a step of as many requests without
+    #: drafts): a batch where drafting loses heavily rests within a few steps
+    rest_early: float = 8.0
     rest_steps: int = 16
     rest_max: int = 512
+    #: a step drafts nothing (a probe) when the steps of as many decoding requests without drafts weigh less than
+    #: this in the step cost (its buckets decay by 0.98 a counted step: about every 60 counted steps of drafting)
+    probe_below: float = 0.3
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
@@ -157,6 +167,7 @@ class Proposer:
         self.ledgers: dict[int, list] = {}
         self._planned: tuple | None = None  # (time, decoding requests, drafted rows, drafting seconds) of the last plan
         self.counts["rested"] = self.counts["rests"] = 0  # steps rested, and rests begun
+        self.counts["probes"] = 0  # steps left undrafted to measure the cost of a step without drafts
         self.trace_path = os.environ.get(ENV_TRACE) or None
         self.trace: list[tuple] = []  # the calls not yet written (and the last 20 written)
         self._traced = 0  # calls traced
@@ -264,10 +275,15 @@ class Proposer:
         if self.resting and not self._rest_n / 2 <= len(decoding) <= 2 * self._rest_n:
             self.resting = 0  # the batch has halved or doubled since the rest began: its own ledger judges it
         resting = self.resting > 0
+        # a probe: nothing drafted this step, so a step of as many requests without drafts stays measured (the
+        # baseline the plan and the rest weigh drafted rows against; extrapolated, it misprices them)
+        probe = (not resting and self.min_reach is None and bool(decoding) and self.cost.ready()
+                 and self.cost.weight(len(decoding), 0) < self.probe_below)
+        self.counts["probes"] += probe
         self._reach.clear()
         t0 = perf_counter()
         for i, st in decoding:
-            laid.append((i, st, *(self._draft(st) if not resting else ([], []))))
+            laid.append((i, st, *(self._draft(st) if not (resting or probe) else ([], []))))
         drafting += perf_counter() - t0
         if resting:
             self.resting -= 1
@@ -287,7 +303,7 @@ class Proposer:
         spent = perf_counter() - wall
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
-        if laid and not resting and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
+        if laid and not resting and not probe and self.min_reach is None and self.cost.ready():  # priced by the cost
             self._planned = (now, len(laid), rows_verified - len(laid), drafting)
         if self.recycler is not None:  # the next step's rows are read only if the next call drafts
             self.recycler.active = self.resting == 0
@@ -323,7 +339,10 @@ class Proposer:
 
         Every ``rest_window`` booked steps the window is judged and a new one begins: where it saved less than
         nothing the sources rest (each rest twice as long as that ledger's last while its windows keep saving
-        nothing); where it saved, the next rest is short again. A window's plain sum, because what drafting saves is
+        nothing); where it saved, the next rest is short again. A window that has already lost ``rest_early``
+        steps' time is judged at once: at 32 requests, where a request joins or leaves on most steps (those are
+        not booked), a window of 32 booked steps outlasted a benchmark's phase in which drafting cost 10-20 % of
+        the time. A window's plain sum, because what drafting saves is
         lumpy: at one request most drafting steps accept nothing and lose a few ms, and one in ten or twenty
         accepts several tokens and saves 100-300 ms. A sum decayed step by step went negative between such steps
         where drafting paid on average, and carried through a rest (no step is booked while resting) it was
@@ -334,12 +353,13 @@ class Proposer:
         requests says nothing of 32."""
         t0, n, drafted, drafting = self._planned
         self._planned = None
-        if skip or not self.cost.ready():
+        if skip or not self.cost.ready() or self.cost.outlier(now - t0, n + drafted, n):
             return
         led = self.ledgers.setdefault(StepCost.bucket(n), [0, 0.0, self.rest_steps])
         led[0] += 1
-        led[1] += tokens * self.cost.cost(n, n) / n - (now - t0) if drafted else -drafting
-        if led[0] < self.rest_window:
+        base = self.cost.cost(n, n)  # a step of n requests without drafts
+        led[1] += tokens * base / n - (now - t0) if drafted else -drafting
+        if led[0] < self.rest_window and led[1] > -self.rest_early * base:
             return
         if led[1] < 0.0:
             self.resting, self._rest_n = led[2], n
@@ -441,7 +461,7 @@ class Proposer:
         steps = max(1, self.counts["steps"])
         return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "step_plane": self.cost.plane(),
                 "cost_by_requests": self.cost.table(),
-                "steps_with_prompt": self.cost.skipped,
+                "steps_with_prompt": self.cost.skipped, "steps_too_slow": self.cost.outliers,
                 "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
                 "propose_ms_max": round(1e3 * self.propose_max_s, 3), "rates": self.rates.snapshot(),
                 "recycled": None if self.recycler is None else {**self.recycler.counts, "tokens": len(self.recycler.rows),
@@ -497,8 +517,8 @@ class StepCost:
     plane cannot be read; in proportion to the rows while neither can) and below the fewest along it too (at
     most that point's time). Without ``requests`` it reads every bucket by rows, as a curve of rows alone."""
 
-    def __init__(self, decay: float = 0.98, min_steps: int = 8):
-        self.decay, self.min_steps = decay, min_steps
+    def __init__(self, decay: float = 0.98, min_steps: int = 8, outlier_factor: float = 3.0):
+        self.decay, self.min_steps, self.outlier_factor = decay, min_steps, outlier_factor
         self.s = np.zeros(6)  # rows line: sum w, w*x, w*x^2, w*y, w*x*y, w*tokens
         self.p = np.zeros((4, 4))  # plane: decayed sum of v v^T with v = (1, requests, drafted, seconds)
         self.steps = 0
@@ -509,6 +529,7 @@ class StepCost:
         self._curves: dict = {}  # the pooled curve by requests (None: by rows), until the next step
         self._plane: tuple | None | bool = False  # the plane, until the next step (False: not solved yet)
         self.skipped = 0  # steps not counted because they carried prompt tokens
+        self.outliers = 0  # steps not counted because they took more than outlier_factor times the measured cost
 
     @staticmethod
     def bucket(n: int) -> int:
@@ -528,6 +549,9 @@ class StepCost:
         x = float(last[1] - left)
         n = float(max(1, min(x, last[2] - left_requests)))
         m = x - n
+        if self.outlier(dt, int(x), int(n)):
+            self.outliers += 1
+            return
         self.s *= self.decay
         self.s += np.array([1.0, x, x * x, dt, x * dt, float(tokens_now)])
         v = np.array([1.0, n, m, dt])
@@ -551,6 +575,19 @@ class StepCost:
 
     def ready(self) -> bool:
         return self.steps >= self.min_steps
+
+    def outlier(self, seconds: float, rows: int, requests: int) -> bool:
+        """Whether a step of ``rows`` rows (``requests`` of them requests') that took ``seconds`` is too slow to be
+        one (more than ``outlier_factor`` times the measured cost): a pause, a kernel built the first time a row
+        count is seen, a prompt the rows did not show. Counted, one such step made its bucket's mean, and every
+        cost read from it, several times too high (a 1.5 s step among 170 ms ones at 32 requests)."""
+        return self.ready() and seconds > self.outlier_factor * self.cost(rows, requests)
+
+    def weight(self, requests: int, drafted: int) -> float:
+        """The decayed count of steps measured in the bucket of ``requests`` decoding requests and ``drafted``
+        drafted rows."""
+        e = self.buckets.get((self.bucket(requests), self.bucket(drafted)))
+        return 0.0 if e is None else e[0]
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b) in seconds of the line over rows, or None while unmeasured or degenerate."""
