@@ -347,9 +347,8 @@ class Proposer:
         nothing); where it saved, the next rest is short again. A window that has already lost ``rest_early``
         steps' time is judged at once: at 32 requests, where a request joins or leaves on most steps (those are
         not booked), a window of 32 booked steps outlasted a benchmark's phase in which drafting cost 10-20 % of
-        the time. A window's plain sum, because what drafting saves is
-        lumpy: at one request most drafting steps accept nothing and lose a few ms, and one in ten or twenty
-        accepts several tokens and saves 100-300 ms. A sum decayed step by step went negative between such steps
+        the time. A window's plain sum, because what drafting saves is lumpy: at one request most drafting steps
+        accept nothing and lose a few ms, and one in ten or twenty accepts several tokens and saves 100-300 ms. A sum decayed step by step went negative between such steps
         where drafting paid on average, and carried through a rest (no step is booked while resting) it was
         judged again on the one step after it, so one unlucky step rested the sources twice as long, again and
         again (659 of 740 calls at one request in issue 41's benchmark). Booked from what happened, not from what
