@@ -98,19 +98,14 @@ def cost_curve(costs: dict[int, tuple[int, float]], min_steps: int = 5):
     """Seconds of a step by drafted rows: the measured means (row counts with at least ``min_steps`` steps) made
     non-decreasing (a mean above the next is pooled with it, weighted by steps), interpolated, and extended past
     the last along the slope from the first; None without a measured step that drafted nothing."""
-    pts = [(float(d), n, s) for d, (n, s) in costs.items() if n >= min_steps]
+    from goose.vllm import pool_non_decreasing
+
+    pts = [(float(d), s, float(n)) for d, (n, s) in costs.items() if n >= min_steps]
     if not pts or pts[0][0] != 0.0:
         return None
-    blocks: list[list[float]] = []  # [steps, steps * x, steps * seconds]
-    for x, n, y in pts:
-        blocks.append([n, n * x, n * y])
-        while len(blocks) > 1 and blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]:
-            n2, x2, y2 = blocks.pop()
-            blocks[-1][0] += n2
-            blocks[-1][1] += x2
-            blocks[-1][2] += y2
-    xs = np.array([b[1] / b[0] for b in blocks])
-    ys = np.array([b[2] / b[0] for b in blocks])
+    pooled = pool_non_decreasing(pts)
+    xs = np.array([x for x, _ in pooled])
+    ys = np.array([y for _, y in pooled])
     xs[0] = 0.0  # the baseline stays at no drafts
     slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if len(xs) > 1 and xs[-1] > xs[0] else 0.0
 
@@ -129,8 +124,23 @@ def main() -> int:
     ap.add_argument("--trace", default="", help="Goose's proposer's trace (default: the one the benchmark wrote "
                     "beside RESULTS, RESULTS.none+goose.json.trace)")
     args = ap.parse_args()
-    with open(args.results) as f:
-        res = json.load(f)
+    try:
+        ms = sorted({int(x) for x in args.min_match.split(",")})
+    except ValueError:
+        ms = []
+    if not ms or ms[0] < 1:
+        ap.error(f"--min-match must be positive integers joined by commas, got {args.min_match!r}. Hint: --min-match 1,2")
+    try:
+        with open(args.results) as f:
+            res = json.load(f)
+    except (OSError, ValueError) as e:
+        ap.error(f"cannot read the results file {args.results!r} ({e}). Allowed: the JSON a benchmarks/vllm_serving.py "
+                 "run wrote with --out. Hint: run it with --concurrency 1 first")
+    ones = [g for g in res.get("prompts", {}) if g.endswith("|1")]
+    if not ones or "none_tokens" not in res:
+        ap.error(f"{args.results!r} has no prompts or no-speculation outputs at concurrency 1 (written by "
+                 "benchmarks/vllm_serving.py since this script exists, for runs that include --concurrency 1). Hint: "
+                 "rerun the benchmark with --concurrency 1 --configs none,ngram,goose")
     k = int(res.get("k", 8))
     costs = step_costs(args.trace or f"{args.results}.none+goose.json.trace")
     model = cost_curve(costs)
@@ -150,7 +160,7 @@ def main() -> int:
             continue
         n = sum(len(o) for o in outputs)
         drafters = [("ngram", ngram_drafter(k))]
-        for m in (int(x) for x in args.min_match.split(",")):
+        for m in ms:
             drafters.append((f"oracle m={m}", oracle_drafter(k, m, False)))
             drafters.append((f"oracle m={m} + history", oracle_drafter(k, m, True)))
         none_s = statistics.median(r["seconds"] for r in rows if r["dataset"] == ds and r["concurrency"] == 1

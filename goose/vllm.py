@@ -276,19 +276,19 @@ class Proposer:
         if self.resting and not self._rest_n / 2 <= len(decoding) <= 2 * self._rest_n:
             self.resting = 0  # the batch has halved or doubled since the rest began: its own ledger judges it
         resting = self.resting > 0
+        priced = bool(decoding) and self.min_reach is None and self.cost.ready()  # the plan reads the measured cost
         # a probe: nothing drafted this step, so a step of as many requests without drafts stays measured (the
         # baseline the plan and the rest weigh drafted rows against; extrapolated, it misprices them)
-        probe = (not resting and self.min_reach is None and bool(decoding) and self.cost.ready()
-                 and self.cost.weight(len(decoding), 0) < self.probe_below)
+        probe = not resting and priced and self.cost.weight(len(decoding), 0) < self.probe_below
         self.counts["probes"] += probe
         self._reach.clear()
         t0 = perf_counter()
-        # nothing the sources could offer pays at this batch's measured cost: they are not asked (no plan to book)
-        idle = not (resting or probe) and bool(decoding) and self.cost.ready() and self.min_reach is None \
-            and not self._may_pay([st for _, st in decoding])
+        # idle: nothing the sources could offer pays at this batch's measured cost, so they are not asked
+        idle = not (resting or probe) and priced and not self._may_pay([st for _, st in decoding])
         self.counts["idle"] += idle
+        ask = not (resting or probe or idle)
         for i, st in decoding:
-            laid.append((i, st, *(self._draft(st) if not (resting or probe or idle) else ([], []))))
+            laid.append((i, st, *(self._draft(st) if ask else ([], []))))
         drafting += perf_counter() - t0
         if resting:
             self.resting -= 1
@@ -308,7 +308,7 @@ class Proposer:
         spent = perf_counter() - wall
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
-        if laid and not (resting or probe or idle) and self.min_reach is None and self.cost.ready():  # priced
+        if laid and ask and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
             self._planned = (now, len(laid), rows_verified - len(laid), drafting)
         if self.recycler is not None:  # the next step's rows are read only if the next call drafts (as this one)
             self.recycler.active = self.resting == 0 and not idle
@@ -657,18 +657,7 @@ class StepCost:
         key = requests
         if key in self._curves:
             return self._curves[key]
-        blocks: list[list[float]] = []  # [weight, weighted x, weighted seconds]
-        if self.buckets:
-            xs, ys, ws = self._points(requests)
-            for x, y, w in zip(xs, ys, ws):
-                blocks.append([w, w * x, w * y])
-                while len(blocks) > 1 and (blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]
-                                           or blocks[-2][1] / blocks[-2][0] >= blocks[-1][1] / blocks[-1][0] - 1e-9):
-                    w2, x2, y2 = blocks.pop()
-                    blocks[-1][0] += w2
-                    blocks[-1][1] += x2
-                    blocks[-1][2] += y2
-        out = self._curves[key] = [(x / w, y / w) for w, x, y in blocks]
+        out = self._curves[key] = pool_non_decreasing(zip(*self._points(requests))) if self.buckets else []
         return out
 
     def costs(self, lo: int, hi: int, requests: int | None = None) -> np.ndarray:
@@ -730,6 +719,22 @@ class StepCost:
         if sy <= 0 or tok <= 0:
             return default
         return float(min(0.95, max(0.02, f[1] * tok / sy)))
+
+
+def pool_non_decreasing(points) -> list[tuple[float, float]]:
+    """``[(x, y), ...]`` from ``(x, y, weight)`` points sorted by x, made non-decreasing in y: a point above the
+    next is pooled with it, and points at the same x are pooled (pool-adjacent-violators; each pool at its
+    weighted mean x and y)."""
+    blocks: list[list[float]] = []  # [weight, weighted x, weighted y]
+    for x, y, w in points:
+        blocks.append([w, w * x, w * y])
+        while len(blocks) > 1 and (blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]
+                                   or blocks[-2][1] / blocks[-2][0] >= blocks[-1][1] / blocks[-1][0] - 1e-9):
+            w2, x2, y2 = blocks.pop()
+            blocks[-1][0] += w2
+            blocks[-1][1] += x2
+            blocks[-1][2] += y2
+    return [(x / w, y / w) for w, x, y in blocks]
 
 
 def build_sources(spec) -> list[DraftSource]:

@@ -81,3 +81,17 @@ def test_the_step_cost_is_read_from_the_trace_and_never_falls(tmp_path):
     # 4 drafted rows measured faster than none: pooled with it (33.5 ms at no drafts), then along to 44 ms at 8
     assert [1e3 * cost(d) for d in (0, 4, 6, 8, 10)] == pytest.approx([33.5, 38.75, 41.375, 44.0, 46.625])
     assert vb.cost_curve({4: (9, 0.03)}) is None  # no step without drafts measured: no baseline
+
+
+def test_the_one_request_bound_refuses_files_it_cannot_read(tmp_path, capsys, monkeypatch):
+    vb = _vllm_bound()
+    old = tmp_path / "old.json"
+    old.write_text('{"rows": []}')  # a results file from before prompts and outputs were kept
+    cases = [([str(tmp_path / "missing.json")], "cannot read the results file"),
+             ([str(old)], "no prompts or no-speculation outputs at concurrency 1"),
+             ([str(old), "--min-match", "0,x"], "--min-match must be positive integers")]
+    for argv, said in cases:
+        monkeypatch.setattr("sys.argv", ["vllm_copy_bound.py", *argv])
+        with pytest.raises(SystemExit):
+            vb.main()
+        assert said in capsys.readouterr().err
