@@ -451,7 +451,7 @@ class Proposer:
             p = call_source(s, state, self.vocab_size or None)  # checked as it leaves the source, as in the loop
             if p is None or not p.tokens:
                 continue
-            chain = p.first_chain()
+            chain = p.first_chain()[:room]  # ranked by what can be drafted (a pld chain may run to 100 tokens)
             if chain:
                 drafted.append(Drafted(s.name, chain, float(p.confidence)))
         if self.recycler is not None:

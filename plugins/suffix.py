@@ -354,18 +354,19 @@ class SuffixSource(DraftSource):
             found: list[tuple[_Segment, int, int]] = []
             budget = o.max_occurrences
             for seg in segs:
-                for e in seg.occurrences(k, h):
-                    if budget <= 0:
-                        break
+                e = seg.last[k].get(h, -1)  # the walk of occurrences(k, h), inline: most segments miss
+                if e < 0:
+                    continue
+                prev, toks = seg.prev[k], seg.tokens
+                while e >= 0 and budget > 0:
                     budget -= 1
-                    toks = seg.tokens
-                    if tuple(toks[e - n + 1 : e + 1]) != key:
-                        continue  # a hash collision
-                    m = n
-                    lim = min(o.max_pattern, e + 1, lq)
-                    while m < lim and toks[e - m] == q[lq - 1 - m]:
-                        m += 1
-                    found.append((seg, e, m))
+                    if tuple(toks[e - n + 1 : e + 1]) == key:  # else a hash collision
+                        m = n
+                        lim = min(o.max_pattern, e + 1, lq)
+                        while m < lim and toks[e - m] == q[lq - 1 - m]:
+                            m += 1
+                        found.append((seg, e, m))
+                    e = prev[e]
                 if budget <= 0:
                     break
             if found:
