@@ -597,8 +597,15 @@ class StepCost:
         """Whether a step of ``rows`` rows (``requests`` of them requests') that took ``seconds`` is too slow to be
         one (more than ``outlier_factor`` times the measured cost): a pause, a kernel built the first time a row
         count is seen, a prompt the rows did not show. Counted, one such step made its bucket's mean, and every
-        cost read from it, several times too high (a 1.5 s step among 170 ms ones at 32 requests)."""
-        return self.ready() and seconds > self.outlier_factor * self.cost(rows, requests)
+        cost read from it, several times too high (a 1.5 s step among 170 ms ones at 32 requests). Only where steps
+        of that many requests have been measured: a batch size not seen yet is priced from other sizes, and a
+        batch far costlier than that guess would have had every one of its steps left out, and stayed unmeasured."""
+        if not self.ready():
+            return False
+        rb = self.bucket(requests)
+        if not any(k[0] == rb and e[0] >= 1.0 for k, e in self.buckets.items()):
+            return False
+        return seconds > self.outlier_factor * self.cost(rows, requests)
 
     def weight(self, requests: int, drafted: int) -> float:
         """The decayed count of steps measured in the bucket of ``requests`` decoding requests and ``drafted``
@@ -669,6 +676,9 @@ class StepCost:
         c = np.interp(q, xs, ys)
         past, short = q > xs[-1], q < xs[0]
         slope = self._slope(requests)
+        if requests is not None and xs[-1] - xs[0] >= 2.0:  # past the most drafted rows measured at this batch size,
+            chord = (ys[-1] - ys[0]) / (xs[-1] - xs[0])  # a row costs at least what the measured ones did on average
+            slope = chord if slope is None else max(slope, chord)
         if past.any():  # past the most rows measured: along the slope (in proportion to the rows without one)
             if slope is not None:
                 c[past] = ys[-1] + slope * (q[past] - xs[-1])

@@ -904,3 +904,46 @@ def test_a_step_far_slower_than_its_rows_cost_is_not_counted():
     t += 1.5
     sc.step(t, 32, 32, requests=32)
     assert sc.outliers == 1 and sc.cost(40, 32) == pytest.approx(before, rel=0.02), (sc.outliers, sc.cost(40, 32), before)
+
+
+def test_a_batch_size_far_costlier_than_its_guess_is_measured_not_left_out_as_slow():
+    """Steps of 2 requests (50-54 ms) price a batch of 18 not seen yet; its steps take 250 ms, over 3 times that
+    guess. The slow-step rule reads only a batch size already measured, so these steps are counted and the cost
+    at 18 becomes theirs (read against the guess, every one of them was left out and the batch stayed priced by
+    it: the fault run)."""
+    sc = StepCost()
+    t = 0.0
+    for i in range(30):
+        sc.step(t, 2 + (i % 3) * 2, 2, requests=2)  # 2 requests, 0, 2 or 4 drafted rows
+        t += 0.050 + 0.001 * (i % 3) * 2
+    guess = sc.cost(18, 18)
+    assert 0.250 > 3 * guess
+    for _ in range(20):
+        sc.step(t, 18, 18, requests=18)
+        t += 0.250
+    assert sc.outliers == 0 and sc.cost(18, 18) == pytest.approx(0.250, rel=0.05), (sc.outliers, sc.cost(18, 18))
+
+
+def test_past_the_most_drafted_rows_measured_a_row_costs_at_least_what_the_measured_ones_did():
+    """At 32 requests steps with 0, 4 and 21 drafted rows took 113, 132 and 178 ms (this CPU's vLLM at 32); the
+    plane fitted over every batch size puts 0.5 ms on a drafted row. Past 21 rows a row is priced at least at the
+    measured rows' mean (65 ms over 21 rows), so 43 tokens each accepted 60 % of the time are not drafted (along
+    the plane's 0.5 ms they look as if they paid, and were drafted: the fault)."""
+    sc = StepCost()
+    sc.buckets = {(sc.bucket(32), 0): [10.0, 1.13, 320.0, 0.0], (sc.bucket(32), sc.bucket(4)): [10.0, 1.32, 320.0, 40.0],
+                  (sc.bucket(32), sc.bucket(21)): [10.0, 1.78, 320.0, 210.0]}
+    sc.steps = 30
+    sc._plane = (0.02, 0.003, 0.0005)
+    sc.plane = lambda: (0.02, 0.003, 0.0005)
+    chord = (0.178 - 0.113) / 21
+    assert sc.cost(32 + 43, 32) == pytest.approx(0.178 + 22 * chord, rel=1e-6)
+    p = Proposer(config(k=43, max_len=600), sources=["pld"])
+    p.cost = sc
+    assert p.plan([[0.6] * 43] + [[]] * 31) == [0] * 32
+
+    def along_the_plane(lo, hi, requests=None):  # the fault: past 21 rows along the plane's 0.5 ms
+        q = np.arange(lo, hi + 1, dtype=float) - 32
+        return np.where(q > 21, 0.178 + 0.0005 * (q - 21), np.interp(q, [0, 4, 21], [0.113, 0.132, 0.178]))
+
+    sc.costs = along_the_plane
+    assert p.plan([[0.6] * 43] + [[]] * 31)[0] == 43
