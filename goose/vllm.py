@@ -92,6 +92,7 @@ class _Live:
     drafted: list = field(default_factory=list)  # what was returned to vLLM last call
     step: int = 0
     prev_anchor: int | None = None
+    prefilling: bool = False  # its prompt is being computed in chunks: the step that samples its first token runs the last
     rows: int = 0  # rows this request was counted for in the step its last draft went into (0: none)
     expect: float = 0.0  # the sources' expected accepted tokens of what was drafted last call (their reach)
     expected: float = 0.0  # summed over this request's drafts so far, and what was accepted of them
@@ -230,6 +231,8 @@ class Proposer:
             st, moved = _claim(old, i, row)
             ns = len(sampled_token_ids[i])
             prompt = prompt or not ns
+            if st is not None and st.prefilling and ns:  # the step just run computed the last chunk of its prompt
+                st.prefilling, prompt = False, True
             if self.recycler is not None:  # the token before this step's first sampled one, then the drafts after it
                 m = n - ns  # tokens known before the step
                 fed.append([int(row[m - 1]), *(st.drafted if st is not None else ())] if ns and m > 0 else [None])
@@ -423,7 +426,7 @@ class Proposer:
         for s in srcs:
             s.begin(req)
         self.counts["requests"] += 1
-        return _Live(srcs, tokens, prompt_len, row.copy())
+        return _Live(srcs, tokens, prompt_len, row.copy(), prefilling=not n_sampled)
 
     def _free(self, st: _Live) -> None:
         out = _Output(tuple(st.tokens[: st.prompt_len]), st.tokens[st.prompt_len :])
@@ -512,7 +515,8 @@ class StepCost:
     measured as the engine runs it: each ``propose`` call ends the step the previous call's drafts went into,
     and the time between the calls is that step's (forward, sampling, rejection sampler, scheduler, and this
     proposer's own ``propose``). Old steps are decayed, so the estimates follow the load. A step that carried
-    prompt tokens (a request joining, or a chunk of its prompt) is not counted: its time is the prompt's, which
+    prompt tokens (a request joining, a chunk of its prompt, or its last chunk, the step that samples its first
+    token) is not counted: its time is the prompt's, which
     the rows do not predict (counted, such steps made small row counts look slower than large ones, and every
     larger count as slow, so drafting looked free).
 
