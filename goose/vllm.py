@@ -92,7 +92,7 @@ class _Live:
     drafted: list = field(default_factory=list)  # what was returned to vLLM last call
     step: int = 0
     prev_anchor: int | None = None
-    prefilling: bool = False  # its prompt is being computed in chunks: the step that samples its first token runs the last
+    prefilling: bool = False  # its prompt is computed in chunks; the step that samples its first token runs the last
     rows: int = 0  # rows this request was counted for in the step its last draft went into (0: none)
     expect: float = 0.0  # the sources' expected accepted tokens of what was drafted last call (their reach)
     expected: float = 0.0  # summed over this request's drafts so far, and what was accepted of them
@@ -351,10 +351,11 @@ class Proposer:
         steps' time is judged at once: at 32 requests, where a request joins or leaves on most steps (those are
         not booked), a window of 32 booked steps outlasted a benchmark's phase in which drafting cost 10-20 % of
         the time. A window's plain sum, because what drafting saves is lumpy: at one request most drafting steps
-        accept nothing and lose a few ms, and one in ten or twenty accepts several tokens and saves 100-300 ms. A sum decayed step by step went negative between such steps
-        where drafting paid on average, and carried through a rest (no step is booked while resting) it was
-        judged again on the one step after it, so one unlucky step rested the sources twice as long, again and
-        again (659 of 740 calls at one request in issue 41's benchmark). Booked from what happened, not from what
+        accept nothing and lose a few ms, and one in ten or twenty accepts several tokens and saves 100-300 ms. A
+        sum decayed step by step went negative between such steps where drafting paid on average, and carried
+        through a rest (no step is booked while resting) it was judged again on the one step after it, so one
+        unlucky step rested the sources twice as long, again and again (659 of 740 calls at one request in issue
+        41's benchmark). Booked from what happened, not from what
         the plan expected: a plan priced on a wrong cost, or on rates a batch does not reach, shows in its steps'
         times and tokens. A ledger per batch size, because what drafting is worth depends on it: what paid at 16
         requests says nothing of 32."""

@@ -189,14 +189,6 @@ class _Segment:
             self._nbytes = b
         return b
 
-    def occurrences(self, k: int, h: int):
-        """End positions of the n-grams with hash ``h`` (n = lengths[k]), most recent first."""
-        e = self.last[k].get(h, -1)
-        prev = self.prev[k]
-        while e >= 0:
-            yield e
-            e = prev[e]
-
 
 class SuffixHistory:
     """Earlier requests of one decoder, as frozen segments, oldest first; bounded; thread-safe.
@@ -354,7 +346,7 @@ class SuffixSource(DraftSource):
             found: list[tuple[_Segment, int, int]] = []
             budget = o.max_occurrences
             for seg in segs:
-                e = seg.last[k].get(h, -1)  # the walk of occurrences(k, h), inline: most segments miss
+                e = seg.last[k].get(h, -1)  # the latest end with this hash; most segments have none
                 if e < 0:
                     continue
                 prev, toks = seg.prev[k], seg.tokens
