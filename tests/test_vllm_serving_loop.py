@@ -37,9 +37,9 @@ class FakeEngine:
 
 
 def test_c_requests_stay_in_flight_until_the_prompts_run_out_and_outputs_come_back_in_order():
-    eng = FakeEngine({0: 3, 4: 2})
+    eng = FakeEngine({2: 3, 4: 2})  # request 2 finishes first, request 4 before 3
     out = vs.closed_loop(SimpleNamespace(llm_engine=eng), [[i] for i in range(7)], None, 3)
     assert out == [[p * 100 + i for i in range(6)] for p in range(7)]  # the prompts' order, not the finishing order
     last = max(i for i, n in enumerate(eng.flying) if n == 3)  # 3 in flight until the prompts run out, then fewer
     assert set(eng.flying[: last + 1]) == {3} and all(n < 3 for n in eng.flying[last + 1 :])
-    assert sum(eng.flying) == 5 * 6 + 2 + 3  # request-steps: 6 each, request 0 (3 tokens a step) 2, request 4 (2 a step) 3
+    assert sum(eng.flying) == 5 * 6 + 2 + 3  # request-steps: 6 each, request 2 (3 tokens a step) 2, request 4 (2 a step) 3
