@@ -85,6 +85,10 @@ def main() -> int:
     ap.add_argument("--datasets", default="demo")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--length-spread", type=float, default=0.0,
+                    help="each prompt's max_tokens drawn uniformly from max_tokens * [1 - F, 1 + F] (seeded by its "
+                         "place, the same for every engine): requests end at different steps, as a server's do; 0: "
+                         "every request max_tokens")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens of every speculative engine")
     ap.add_argument("--configs", default="none,ngram,suffix,goose",
                     help="comma-separated subset of none,ngram,suffix,goose,silent (silent: speculation on, nothing proposed)")
@@ -105,6 +109,9 @@ def main() -> int:
     ap.add_argument("--out", default="vllm-serving.json")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one configuration, write --out
     args = ap.parse_args()
+    if not 0.0 <= args.length_spread < 1.0:
+        ap.error(f"--length-spread must be in [0, 1), got {args.length_spread}: each max_tokens is drawn from "
+                 "max_tokens * [1 - F, 1 + F]")
 
     import vllm
 
@@ -126,7 +133,8 @@ def main() -> int:
     configs = engine_configs(args.k, have_suffix)
     keep = set(args.configs.split(","))
     configs = [c for c in configs if c[0] in keep]
-    print(f"vLLM {vllm.__version__}, model {args.model} float32, k={args.k}, {args.max_tokens} tokens; "
+    print(f"vLLM {vllm.__version__}, model {args.model} float32, k={args.k}, {args.max_tokens} tokens"
+          f"{f' (each drawn from x[{1 - args.length_spread:g}, {1 + args.length_spread:g}])' if args.length_spread else ''}; "
           f"CPU: {machine.describe()}; vLLM suffix method: {'yes' if have_suffix else 'no (arctic-inference not installed)'}",
           flush=True)
     if not args.one:  # each engine in a process of its own (a third engine in one process fails to start)
@@ -159,7 +167,8 @@ def main() -> int:
         print_table(rows)
         rows += goose_loop(args, sets) if args.goose_loop else []
         with open(args.out, "w") as f:
-            json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "k": args.k, "rows": rows, "prompts": prompts,
+            json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "k": args.k, "max_tokens": args.max_tokens,
+                       "length_spread": args.length_spread, "rows": rows, "prompts": prompts,
                        "none_tokens": none_tokens, "goose_stats": traces}, f, indent=1)
         return 0
     names = args.one.split("+")  # one engine, or two interleaved (--interleave)
@@ -179,8 +188,10 @@ def main() -> int:
         llm = vllm.LLM(model=path, dtype="float32", max_model_len=4096, seed=0, max_num_seqs=max(conc),
                        enforce_eager=args.eager, disable_log_stats=False, enable_prefix_caching=False, **kw)
         engines.append((name, llm, time.perf_counter() - t0))
-    sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                             seed=0 if args.temperature > 0 else None)
+
+    def sps(n: int) -> list:  # the sampling parameters of n prompts, in their order
+        return [vllm.SamplingParams(temperature=args.temperature, max_tokens=m, seed=0 if args.temperature > 0 else None)
+                for m in lengths(n, args.max_tokens, args.length_spread)]
     warm_sp = vllm.SamplingParams(temperature=args.temperature, max_tokens=32, seed=0 if args.temperature > 0 else None)
     tok = engines[0][1].get_tokenizer()
     ids = {}  # chat -> prompt token ids (one template for every engine)
@@ -210,7 +221,7 @@ def main() -> int:
             for r in range(args.rounds):
                 for name, llm, start in engines[:: 1 if r % 2 == 0 else -1]:  # the order alternates per round
                     forget_history()
-                    row, toks = phase(llm, prompts, sp, c, trace)
+                    row, toks = phase(llm, prompts, sps(len(prompts)), c, trace)
                     rows.append(dict(dataset=ds, config=name, concurrency=c, round=r, prompts=len(chats),
                                      engine_start_s=round(start, 1), **row))
                     outputs[f"{ds}|{c}|{r}|{name}"] = toks
@@ -281,10 +292,22 @@ def print_table(rows: list[dict]) -> None:
 _ids = iter(range(1 << 62))
 
 
+def lengths(n: int, max_tokens: int, spread: float) -> list[int]:
+    """``max_tokens`` of each of ``n`` prompts: ``max_tokens`` each, or with ``spread`` F drawn uniformly from
+    ``max_tokens * [1 - F, 1 + F]`` by a generator seeded by nothing but the prompt's place (every engine, phase and
+    run gets the same lengths)."""
+    import random
+
+    rng = random.Random(0)
+    return [max(1, round(max_tokens * (1 - spread + 2 * spread * rng.random()))) for _ in range(n)]
+
+
 def closed_loop(llm, prompts: list[list[int]], sp, c: int) -> list[list[int]]:
     """Decode ``prompts`` with ``c`` requests in flight: each one that finishes is replaced by the next prompt.
-    The output tokens, in the prompts' order."""
+    ``sp``: one sampling parameters for every prompt, or a list of one per prompt. The output tokens, in the
+    prompts' order."""
     eng = llm.llm_engine
+    sp_of = sp if isinstance(sp, list) else [sp] * len(prompts)
     todo = iter(enumerate(prompts))
     out: dict[str, tuple[int, list[int]]] = {}
     names: dict[str, int] = {}
@@ -295,7 +318,7 @@ def closed_loop(llm, prompts: list[list[int]], sp, c: int) -> list[list[int]]:
             return 0
         rid = f"b{next(_ids)}"
         names[rid] = nxt[0]
-        eng.add_request(rid, {"prompt_token_ids": nxt[1]}, sp)
+        eng.add_request(rid, {"prompt_token_ids": nxt[1]}, sp_of[nxt[0]])
         return 1
 
     flying = sum(submit() for _ in range(c))

@@ -21,15 +21,15 @@ class FakeEngine:
         self.flying: list[int] = []
 
     def add_request(self, rid, prompt, sp):
-        self.running[rid] = [prompt["prompt_token_ids"], []]
+        self.running[rid] = [prompt["prompt_token_ids"], [], getattr(sp, "max_tokens", self.max_tokens)]
 
     def step(self):
         self.flying.append(len(self.running))
         outs = []
-        for rid, (prompt, toks) in list(self.running.items()):
-            n = min(self.max_tokens - len(toks), self.rate.get(prompt[0], 1))
+        for rid, (prompt, toks, most) in list(self.running.items()):
+            n = min(most - len(toks), self.rate.get(prompt[0], 1))
             toks.extend(prompt[0] * 100 + i for i in range(len(toks), len(toks) + n))
-            done = len(toks) >= self.max_tokens
+            done = len(toks) >= most
             outs.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(token_ids=list(toks))]))
             if done:
                 del self.running[rid]
@@ -43,3 +43,16 @@ def test_c_requests_stay_in_flight_until_the_prompts_run_out_and_outputs_come_ba
     last = max(i for i, n in enumerate(eng.flying) if n == 3)  # 3 in flight until the prompts run out, then fewer
     assert set(eng.flying[: last + 1]) == {3} and all(n < 3 for n in eng.flying[last + 1 :])
     assert sum(eng.flying) == 5 * 6 + 2 + 3  # request-steps: 6 each, request 2 (3 tokens a step) 2, request 4 (2 a step) 3
+
+
+def test_each_prompt_gets_its_own_length_the_same_for_every_engine():
+    got = vs.lengths(400, 64, 0.5)
+    assert got == vs.lengths(400, 64, 0.5)  # seeded by place: every engine and phase decodes the same lengths
+    assert min(got) >= 32 and max(got) <= 96 and len(set(got)) > 40  # spread over the range, not one value
+    assert abs(sum(got) / len(got) - 64) < 3  # the mean stays max_tokens
+    assert vs.lengths(5, 64, 0.0) == [64] * 5
+    sps = [SimpleNamespace(max_tokens=m) for m in vs.lengths(7, 6, 0.5)]
+    eng = FakeEngine({})
+    out = vs.closed_loop(SimpleNamespace(llm_engine=eng), [[i] for i in range(7)], sps, 3)
+    assert [len(o) for o in out] == [sp.max_tokens for sp in sps]  # each prompt's own, in the prompts' order
+    assert len({len(o) for o in out}) > 1
