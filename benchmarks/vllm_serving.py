@@ -50,6 +50,8 @@ def engine_configs(k: int, have_suffix: bool) -> list[tuple[str, dict | None]]:
     out.append(("goose", {"method": "custom_class", "model": "goose.vllm.Proposer", "num_speculative_tokens": k}))
     # speculation on, nothing ever proposed: what the speculative engine costs by itself (only with --configs)
     out.append(("silent", {"method": "custom_class", "model": "vllm_serving.Silent", "num_speculative_tokens": k}))
+    # a second engine without speculation (only with --configs): its ratio to the first is the benchmark's own noise
+    out.append(("again", None))
     return out
 
 
@@ -91,7 +93,8 @@ def main() -> int:
                          "every request max_tokens")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens of every speculative engine")
     ap.add_argument("--configs", default="none,ngram,suffix,goose",
-                    help="comma-separated subset of none,ngram,suffix,goose,silent (silent: speculation on, nothing proposed)")
+                    help="comma-separated subset of none,ngram,suffix,goose,silent,again (silent: speculation on, nothing "
+                         "proposed; again: no speculation again, its ratio to none the benchmark's own noise)")
     ap.add_argument("--c1-prompts", type=int, default=0,
                     help="at concurrency 1, only the first N prompts of each dataset (0: all)")
     ap.add_argument("--goose-loop", default="pld+tr/spine-fit", help="Goose's own loop for reference ('' to skip)")
