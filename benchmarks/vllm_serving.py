@@ -22,7 +22,11 @@ the other (a third engine started in one process fails in vLLM 0.32's CPU kernel
 the engine core runs in that process. With ``--interleave`` each speculative engine shares its
 process with a no-speculation engine instead, their timed phases alternating (the order swapped
 every round, ``--rounds``), so every ratio is measured interleaved: run to run, one engine's tokens
-per second moved by 5-10 % here, more than the differences the targets ask about.
+per second moved by 5-10 % here, more than the differences the targets ask about. ``--configs none,again``
+measures that noise: ``again`` is a second engine without speculation. With ``--length-spread F`` each prompt's
+``max_tokens`` is drawn from ``max_tokens * [1 - F, 1 + F]`` (the same for every engine), as a server's requests
+end at different lengths; with every output the same length the engine without speculation finishes its c
+requests at one step and takes the next c prompts together, which speculation breaks.
 
     python benchmarks/vllm_serving.py --data-dir DATA --datasets humaneval@41-48,gsm8k@41-48 \
         --concurrency 1,4,16 --max-tokens 64
