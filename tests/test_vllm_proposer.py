@@ -586,6 +586,19 @@ class Wrong(goose.DraftSource):
         return goose.Proposal.chain(self.name, [V - 1])
 
 
+def serve(eng, texts: list[list[int]], table: dict, prefix: str) -> int:
+    """Add each text as a request (its first 40 tokens the prompt; the text registered in ``table``, for a source
+    that reads its request's target), step the engine until every request has finished; the steps it took."""
+    for j, full in enumerate(texts):
+        table[tuple(full[:40])] = full
+        eng.add(f"{prefix}{j}", full[:40], full[40:])
+    steps = 0
+    while eng.rows:
+        eng.step()
+        steps += 1
+    return steps
+
+
 def test_a_step_whose_plan_gains_nothing_does_not_stop_drafting_that_pays():
     """Every fifth step only a source that is always wrong proposes, so that step's plan drafts nothing and
     gains nothing; drafting paid on the steps around it, so the sources are not rested: the plan's gain is
@@ -593,14 +606,7 @@ def test_a_step_whose_plan_gains_nothing_does_not_stop_drafting_that_pays():
     each such step, about half of them)."""
     p = Proposer(config(k=8, max_len=600), sources=[Oracle(), Wrong()])
     eng = TimedEngine(p, lambda rows: 0.035 + 0.002 * max(0, rows - 4))
-    for j in range(4):
-        full = [t for t in text(300 + j, 400) if t != V - 1]
-        Oracle.texts[tuple(full[:40])] = full
-        eng.add(f"o{j}", full[:40], full[40:])
-    steps = 0
-    while eng.rows:
-        eng.step()
-        steps += 1
+    steps = serve(eng, [[t for t in text(300 + j, 400) if t != V - 1] for j in range(4)], Oracle.texts, "o")
     assert p.counts["rested"] == 0, (p.counts, steps)
     assert p.counts["accepted"] > 0.8 * p.counts["drafted"] > 0, p.counts
 
@@ -1002,14 +1008,7 @@ def asking_run(nap: float, n_req=16):
     src.nap = nap
     p = Proposer(config(k=8, max_len=600), sources=[src])
     eng = TimedEngine(p, lambda rows: 0.064 + 0.0035 * max(0, rows - n_req))
-    for j in range(n_req):
-        full = text(500 + j, 160)
-        NextOne.texts[tuple(full[:40])] = full
-        eng.add(f"n{j}", full[:40], full[40:])
-    steps = 0
-    while eng.rows:
-        eng.step()
-        steps += 1
+    steps = serve(eng, [text(500 + j, 160) for j in range(n_req)], NextOne.texts, "n")
     return p, steps
 
 
