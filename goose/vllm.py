@@ -58,6 +58,7 @@ re-index them).
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import weakref
 from collections.abc import Sequence
@@ -449,15 +450,20 @@ class Proposer:
         if self.min_reach is not None or not self.cost.ready():
             floor = self.min_reach if self.min_reach is not None else self.start_reach
             return [next((d for d, r in enumerate(reach) if r < floor), len(reach)) for reach in reaches]
-        cands = sorted(((r, d, i) for i, reach in enumerate(reaches) for d, r in enumerate(reach)),
-                       key=lambda c: (-c[0], c[1], c[2]))
-        tokens = n + np.cumsum([0.0] + [r for r, _, _ in cands])
-        g = tokens / self.cost.costs(n, n + len(cands), n)
+        lens = [len(reach) for reach in reaches]
+        total = sum(lens)
+        if not total:  # nothing offered: nothing to price
+            return [0] * n
+        r = np.fromiter(itertools.chain.from_iterable(reaches), dtype=float, count=total)
+        req = np.repeat(np.arange(n), lens)
+        depth = np.arange(total) - np.repeat(np.cumsum([0, *lens[:-1]]), lens)
+        order = np.lexsort((req, depth, -r))  # likeliest first; ties: shallower, then the earlier request
+        tokens = n + np.concatenate(([0.0], np.cumsum(r[order])))
+        g = tokens / self.cost.costs(n, n + total, n)
         best_k = int(np.argmax(g))  # the first of equal gains: the fewest tokens
-        counts = [0] * n
-        for r, d, i in cands[:best_k]:  # a request's depth d is taken only after its depth d - 1 (ties: shallower first)
-            counts[i] = max(counts[i], d + 1)
-        return counts
+        counts = np.zeros(n, dtype=np.int64)  # a request's depth d is taken only after its depth d - 1
+        np.maximum.at(counts, req[order[:best_k]], depth[order[:best_k]] + 1)
+        return counts.tolist()
 
     # -- per request -----------------------------------------------------------------------------
     def _scaled(self, st: _Live, reach: list[float]) -> list[float]:
