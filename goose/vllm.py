@@ -101,10 +101,10 @@ class _Live:
     expected: float = 0.0  # summed over this request's drafts so far, and what was accepted of them
     accepted: float = 0.0
 
-    def factor(self, weight: float) -> float:
-        """This request's accepted tokens over what the sources' rates expected of its drafts, shrunk toward 1
-        by ``weight`` expected tokens (a sampled request, or a prompt drafts fit badly, reads below 1)."""
-        return min(2.0, (self.accepted + weight) / (self.expected + weight))
+    def factor(self, weight: float, prior: float = 1.0) -> float:
+        """This request's accepted tokens over what the sources' rates expected of its drafts, shrunk toward
+        ``prior`` by ``weight`` expected tokens (a sampled request, or a prompt drafts fit badly, reads below 1)."""
+        return min(2.0, (self.accepted + weight * prior) / (self.expected + weight))
 
 
 class Proposer:
@@ -119,6 +119,10 @@ class Proposer:
 
     #: expected tokens of prior weight on a request's own acceptance factor (:meth:`_Live.factor`)
     request_weight: float = 2.0
+    #: a request's factor starts from the recent requests' (at most 1): their accepted tokens over what was
+    #: expected of their drafts, both decayed by ``recent_decay`` a step, shrunk toward 1 by ``request_weight``
+    #: expected tokens; with nothing drafted it returns to 1 (:meth:`Proposer.recent_factor`)
+    recent_decay: float = 0.99
     #: a fixed reach floor instead of the measured step cost (None: measured)
     min_reach: float | None = None
     #: the clock steps are timed with (a simulated engine sets its own)
@@ -170,6 +174,8 @@ class Proposer:
         self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
         self.propose_max_s = 0.0
         self.resting = 0  # steps left to rest
+        self.recent = [0.0, 0.0]  # accepted tokens and what was expected of the drafts, decayed a step
+        self._prior = 1.0  # recent_factor() as this step's call read it
         self._rest_n = 0  # decoding requests when the rest began
         # per bucket of decoding requests (StepCost.bucket): steps booked in the current window, the seconds they saved
         # (measured), and how long the next rest lasts (doubling while drafting keeps not paying); see _weigh
@@ -279,6 +285,8 @@ class Proposer:
                 if st.drafted:
                     st.expected += st.expect
                     st.accepted += a
+                    self.recent[0] += a
+                    self.recent[1] += st.expect
             tokens_now += len(sampled)
             if len(row) > len(st.tokens):
                 st.tokens.extend(int(t) for t in row[len(st.tokens) :])
@@ -286,6 +294,9 @@ class Proposer:
             st.chains, st.drafted, st.rows, st.expect = {}, [], 0, 0.0
             if sampled:  # else not decoding this step (a prefill chunk): nothing to draft
                 decoding.append((i, st))
+        self._prior = self.recent_factor()
+        self.recent[0] *= self.recent_decay
+        self.recent[1] *= self.recent_decay
         if self._planned is not None:  # what the last plan's step gave, now that it has run
             self._weigh(now, tokens_now, prompt or left_requests > 0)
         if self.resting and not self._rest_n / 2 <= len(decoding) <= 2 * self._rest_n:
@@ -434,7 +445,7 @@ class Proposer:
         3 ms of a 105 ms step whose first drafted rows cost 5 ms each)."""
         keys = list(self.rates.trials) or [(RECYCLING, 0.0)]
         best = np.max([self.reach(key, self.k) for key in keys], axis=0)
-        f = max(st.factor(self.request_weight) for st in decoding)
+        f = max(st.factor(self.request_weight, self._prior) for st in decoding)
         if f > 1.0:
             best = np.array([min(max(r, 0.98), r * f) for r in best])
         return any(self.plan([best] * len(decoding)))
@@ -469,8 +480,20 @@ class Proposer:
     def _scaled(self, st: _Live, reach: list[float]) -> list[float]:
         """The sources' reach for this request, times its own measured factor; a factor above 1 lifts no
         depth past 0.98 (or its own reach, if higher): a request that has drafted well is not certain."""
-        f = st.factor(self.request_weight)
+        f = st.factor(self.request_weight, self._prior)
         return reach if f == 1.0 else [min(max(r, 0.98), r * f) for r in reach]
+
+    def recent_factor(self) -> float:
+        """Where a request's own factor starts (:meth:`_Live.factor`): the recent requests' accepted tokens over
+        what was expected of their drafts, shrunk toward 1 by ``request_weight`` expected tokens, at most 1.
+        Why: vLLM does not tell a proposer a request's temperature; at 0.7 its rejection sampler took almost no
+        drafted token here, and every new request, starting from 1, drafted until its own drafts had failed
+        (at 1 request, where a drafted row costs 1.2 ms of a 38 ms step, 0.1-0.3 tokens a step, 0.93x-0.97x of
+        no speculation where proposing nothing read 0.98x). Decayed a step, so where nothing is drafted it
+        returns to 1 and the next requests are measured afresh."""
+        acc, exp = self.recent
+        w = self.request_weight
+        return min(1.0, (acc + w) / (exp + w))
 
     def _new(self, row: np.ndarray, n_sampled: int) -> _Live:
         tokens = [int(t) for t in row]
@@ -538,7 +561,8 @@ class Proposer:
                 "cost_by_requests": self.cost.table(),
                 "steps_with_prompt": self.cost.skipped, "steps_too_slow": self.cost.outliers,
                 "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
-                "propose_ms_max": round(1e3 * self.propose_max_s, 3), "rates": self.rates.snapshot(),
+                "propose_ms_max": round(1e3 * self.propose_max_s, 3), "recent_factor": round(self.recent_factor(), 3),
+                "rates": self.rates.snapshot(),
                 "recycled": None if self.recycler is None else {**self.recycler.counts, "tokens": len(self.recycler.rows),
                                                                  "attached": self.recycler.attached}}
 
