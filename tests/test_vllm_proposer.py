@@ -506,12 +506,16 @@ def test_a_request_costs_more_than_a_drafted_row_and_the_plan_reads_them_apart(m
 
 
 class RejectingEngine(TimedEngine):
-    """Request ``s`` is verified as a sampled request whose sampler never takes a drafted token: every draft
-    is rejected and the target's own token taken; the others are verified greedily."""
+    """The requests in ``rejected`` (every request when None) are verified as sampled requests whose sampler
+    never takes a drafted token (vLLM's rejection sampler at temperature 0.7 here): every draft is rejected and
+    the target's own token taken; the others are verified greedily."""
+
+    rejected: set[str] | None = {"s"}
 
     def step(self):
-        if "s" in self.req and "s" in self.rows:
-            self.req["s"]["draft"] = [-1] * len(self.req["s"]["draft"])  # never equal to a target token
+        for rid in self.rows:
+            if self.rejected is None or rid in self.rejected:
+                self.req[rid]["draft"] = [-1] * len(self.req[rid]["draft"])  # never equal to a target token
         return super().step()
 
 
@@ -1023,23 +1027,14 @@ def test_the_sources_are_not_asked_where_asking_costs_more_than_the_plans_save()
     assert p.counts["unpaid"] == 0 and p.counts["drafted"] > 0.6 * 16 * steps, (p.counts, steps)
 
 
-class SampledEngine(TimedEngine):
-    """Every request is verified as a sampled one whose sampler never takes a drafted token (vLLM's rejection
-    sampler at temperature 0.7 here): every draft is rejected and the target's own token taken."""
-
-    def step(self):
-        for rid in self.rows:
-            self.req[rid]["draft"] = [-1] * len(self.req[rid]["draft"])
-        return super().step()
-
-
 def sampled_requests(recent_decay: float) -> tuple[Proposer, list[int]]:
     """Six requests one after the other, every draft rejected, at a step cost of 1 request's row plus 1.2 ms a
     drafted row on 38 ms (one request on this project's CPU, where nearly any chain pays if it is right a few
     times in a hundred); the tokens drafted for each request."""
     p = Proposer(config(k=8, max_len=600), sources=["pld", "suffix"])
     p.recent_decay = recent_decay
-    eng = SampledEngine(p, lambda rows: 0.0368 + 0.0012 * rows)
+    eng = RejectingEngine(p, lambda rows: 0.0368 + 0.0012 * rows)
+    eng.rejected = None  # every request's drafts rejected
     full = text(20, 160)  # the same text each time: the sources offer each request alike
     for j in range(6):
         eng.add(f"r{j}", full[:40], full[40:])
