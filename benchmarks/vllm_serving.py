@@ -213,7 +213,7 @@ def main() -> int:
 
     for c in conc:
         for _, llm, _ in engines:
-            forget_history()
+            forget_history([llm])
             if warm:
                 closed_loop(llm, [prompt_ids(ch) for ch in warm[: max(4, c)]], warm_sp, c)
         # at concurrency 1 each dataset apart; above it every prompt, the datasets interleaved (a batch
@@ -227,7 +227,7 @@ def main() -> int:
             prompts_by_group[f"{ds}|{c}"] = prompts
             for r in range(args.rounds):
                 for name, llm, start in engines[:: 1 if r % 2 == 0 else -1]:  # the order alternates per round
-                    forget_history()
+                    forget_history([llm])
                     row, toks = phase(llm, prompts, sps(len(prompts)), c, trace)
                     rows.append(dict(dataset=ds, config=name, concurrency=c, round=r, prompts=len(chats),
                                      engine_start_s=round(start, 1), **row))
@@ -337,15 +337,35 @@ def closed_loop(llm, prompts: list[list[int]], sp, c: int) -> list[list[int]]:
     return [t for _, t in sorted(out.values())]
 
 
-def forget_history() -> None:
-    """Goose's proposers in this process forget what they learned from earlier text (``suffix``'s history, the
-    recycled table)."""
+def forget_history(llms=()) -> None:
+    """The proposers in this process forget what they learned from earlier text: Goose's (its ``suffix`` source's
+    history, the recycled table) and, in each engine of ``llms`` that runs vLLM's ``suffix`` method, that method's
+    cache of responses, so no engine drafts a timed prompt from its own answer in an earlier phase. Called between
+    phases, when no request is in flight."""
     try:
         from goose.vllm import Proposer
     except ImportError:
-        return
-    for p in Proposer.instances():
+        Proposer = None
+    for p in Proposer.instances() if Proposer is not None else ():
         p.forget()
+    for llm in llms:
+        cache = getattr(drafter(llm), "suffix_cache", None)
+        if cache is None:
+            continue
+        for req in list(cache.active_requests):
+            cache.stop_request(req)
+        for req in list(cache.cached_requests):
+            cache.evict_cached_response(req)
+
+
+def drafter(llm):
+    """The engine's proposer object (vLLM 0.32, the engine core in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+    or None."""
+    try:
+        worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
+        return getattr(getattr(worker, "worker", worker).model_runner, "drafter", None)
+    except AttributeError:
+        return None
 
 
 def _trace_lines(path: str) -> list:
