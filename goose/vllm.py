@@ -116,6 +116,13 @@ class Proposer:
     prior_weight: float = 2.0
     #: the reach below which nothing is drafted before the step cost has been measured
     start_reach: float = 0.3
+    #: each chain source's acceptance is measured apart per band of the confidence its proposals report (a
+    #: chain's band: the first floor its confidence reaches, 0 below them all); ``tr`` is measured per tier (a
+    #: pair's chain, a token's). Why: a source's chains differ in what they are worth, and its confidence tells
+    #: them apart: on the tune split's outputs `suffix`'s first token held 33 % of the time after a match of 2
+    #: tokens and 87 % after one of 9 or more; measured as one rate (50 %), the plan drafted the first where they
+    #: did not pay and cut the second where they did
+    tier_floors: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
 
     #: expected tokens of prior weight on a request's own acceptance factor (:meth:`_Live.factor`)
     request_weight: float = 2.0
@@ -168,6 +175,9 @@ class Proposer:
         self._spec = sources if sources is not None else os.environ.get(ENV_SOURCES) or self.sources
         self.pristine, self.recycler = self._build()
         self.rates = SourceRates(self.prior, self.prior_weight, max_depth=max(16, self.k), carry=1.0)
+        if self.tier_floors:
+            for s in self.pristine:
+                self.rates.set_tiers(s.name, [(f, self.prior, self.prior) for f in self.tier_floors])
         self.live: dict[int, _Live] = {}  # by batch row
         self.cost = StepCost()
         self.counts = {"steps": 0, "drafted": 0, "accepted": 0, "requests": 0, "freed": 0, "rematched": 0}

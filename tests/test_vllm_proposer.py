@@ -270,6 +270,59 @@ def test_measured_rates_cut_a_chain_that_is_usually_wrong():
     assert p.reach(("one-right", False), 2)[0] > 0.9
 
 
+class Banded(goose.DraftSource):
+    """Proposes the target's next 4 tokens at confidence 0.95 where the text known so far has an even length,
+    and 4 wrong tokens at confidence 0.25 where it is odd: the confidence tells its good chains from its bad."""
+
+    name = "banded"
+
+    def __init__(self, fulls, options=None):
+        super().__init__(options)
+        self.fulls, self.full = fulls, []
+
+    def begin(self, request):  # the request's own target: the text its prompt starts
+        self.full = next(f for f in self.fulls if tuple(f[: len(request.prompt_ids)]) == request.prompt_ids)
+
+    def propose(self, state):
+        n = len(state.tokens)
+        right = [self.full[i] if i < len(self.full) else 0 for i in range(n, n + 4)]
+        if n % 2 == 0:
+            return goose.Proposal.chain(self.name, right, confidence=0.95)
+        return goose.Proposal.chain(self.name, [(t + 1) % V for t in right], confidence=0.25)
+
+
+def run_banded(floors):
+    fulls = [text(40 + j, 30) + [(i * 7 + j) % V for i in range(170)] for j in range(4)]
+
+    class Tiered(Proposer):
+        tier_floors = floors
+
+    p = Tiered(config(k=4), sources=[Banded(fulls)])
+    eng = TimedEngine(p, lambda rows: 0.04 + 0.0025 * rows)
+    for j, full in enumerate(fulls):
+        eng.add(f"r{j}", full[:30], full[30:])
+    steps = 0
+    while eng.rows:
+        eng.step()
+        steps += 1
+    return p, eng, steps
+
+
+def test_a_sources_chains_are_measured_per_confidence_band():
+    """Half of a source's chains are right (confidence 0.95), half wrong (0.25); a drafted row costs what a token
+    accepted a fifth of the time earns. Measured per band, the wrong ones stop being drafted and the right ones are
+    drafted whole. Measured as one rate (``tier_floors`` empty: the fault), the first chains (wrong: the prompts
+    leave an odd length) set it below what pays, and the right ones are left undrafted."""
+    p, eng, steps = run_banded(Proposer.tier_floors)
+    late = [(tok, d) for _, tok, d in eng.log[len(eng.log) // 4 :] if d]
+    wrong = sum(1 for tok, d in late if len(tok) % 2 == 1)
+    right = [len(d) for tok, d in late if len(tok) % 2 == 0]
+    assert wrong == 0 and right and min(right) >= 3, (wrong, right)
+    assert p.reach(("banded", 0.9), 1)[0] > 0.9 and p.reach(("banded", 0.2), 1)[0] < 0.1
+    _, flat, flat_steps = run_banded(())
+    assert eng.accepted > 2 * flat.accepted + 100 and steps < flat_steps / 2, (eng.accepted, flat.accepted, steps, flat_steps)
+
+
 def test_step_cost_fit_recovers_the_slope_and_sets_the_floor():
     c = StepCost(decay=1.0)
     t, rows = 0.0, [4, 9, 2, 7, 12, 5, 3, 10, 6, 8, 11, 4]
