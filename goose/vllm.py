@@ -8,8 +8,9 @@ proposer drafts that chain with Goose's registered sources, per request:
   it leaves the batch, so a cross-request source such as ``suffix`` learns its text; every copy
   of ``suffix`` shares one history, as in a Goose decoder);
 - every source's chain is merged as the ``spine`` policy merges them (``policies/merge.py``): the
-  chain with the most expected accepted tokens under each source's **measured** acceptance leads,
-  a chain that agrees with it and goes further extends it;
+  chain with the most expected accepted tokens under each source's **measured** acceptance (per band
+  of the confidence its proposal reports, :attr:`Proposer.tier_floors`) leads, a chain that agrees
+  with it and goes further extends it;
 - how many of each chain's tokens are drafted is decided for the **whole batch** at once
   (:meth:`Proposer.plan`): every request's chain gives each depth its probability of still being
   right (the leader's measured per-depth rates; an unmeasured depth inherits the rate of the depth
