@@ -345,8 +345,10 @@ def forget_history(llms=()) -> None:
     try:
         from goose.vllm import Proposer
     except ImportError:
-        Proposer = None
-    for p in Proposer.instances() if Proposer is not None else ():
+        proposers = []
+    else:
+        proposers = Proposer.instances()
+    for p in proposers:
         p.forget()
     for llm in llms:
         cache = getattr(drafter(llm), "suffix_cache", None)
