@@ -176,6 +176,9 @@ class Proposer:
         self._spec = sources if sources is not None else os.environ.get(ENV_SOURCES) or self.sources
         self.pristine, self.recycler = self._build()
         self.rates = SourceRates(self.prior, self.prior_weight, max_depth=max(16, self.k), carry=1.0)
+        if any(not 0.0 <= f <= 1.0 for f in self.tier_floors):
+            raise InvalidInputError(f"tier_floors must be confidences in [0, 1], got {tuple(self.tier_floors)!r}. Hint: "
+                                    f"{Proposer.tier_floors!r}, or () to measure each source as one rate")
         if self.tier_floors:
             for s in self.pristine:
                 self.rates.set_tiers(s.name, [(f, self.prior, self.prior) for f in self.tier_floors])

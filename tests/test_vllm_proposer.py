@@ -363,6 +363,12 @@ def test_bad_sources_are_refused_with_their_reason(monkeypatch):
     with pytest.raises(InvalidInputError, match="num_speculative_tokens"):
         Proposer(config(k=0))
 
+    class Percent(Proposer):
+        tier_floors = (90, 50)  # percentages, not confidences
+
+    with pytest.raises(InvalidInputError, match=r"tier_floors must be confidences in \[0, 1\], got \(90, 50\)"):
+        Percent(config())
+
 
 
 def test_sources_that_can_propose_a_chain_alone_do_unless_the_spec_says_tree(monkeypatch):

@@ -56,3 +56,20 @@ def test_each_prompt_gets_its_own_length_the_same_for_every_engine():
     out = vs.closed_loop(SimpleNamespace(llm_engine=eng), [[i] for i in range(7)], sps, 3)
     assert [len(o) for o in out] == [sp.max_tokens for sp in sps]  # each prompt's own, in the prompts' order
     assert len({len(o) for o in out}) > 1
+
+
+def test_the_suffix_install_script_refuses_an_environment_without_vllm():
+    """benchmarks/vllm_suffix_install.sh builds into the environment it is given: one that cannot import vLLM is
+    refused before anything is downloaded, with the path, what is allowed and where the steps are."""
+    import importlib.util as iu
+    import subprocess
+    import sys
+
+    import pytest
+
+    if iu.find_spec("vllm") is not None:
+        pytest.skip("this environment is a vLLM one: the script would build into it")
+    script = Path(__file__).parents[1] / "benchmarks" / "vllm_suffix_install.sh"
+    out = subprocess.run(["bash", str(script), sys.prefix], capture_output=True, text=True)
+    assert out.returncode == 2, out
+    assert "is not a vLLM environment" in out.stderr and sys.prefix in out.stderr and "docs/scaling.md" in out.stderr
