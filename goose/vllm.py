@@ -59,11 +59,11 @@ re-index them).
 from __future__ import annotations
 
 import copy
-import itertools
 import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import acos, cos, log, pi, sqrt
 from time import perf_counter
 
 import numpy as np
@@ -155,6 +155,8 @@ class Proposer:
     #: asked); else they are asked on one step in ``ask_every``, which keeps both measured (:meth:`_worth_asking`)
     ask_every: int = 8
     ask_decay: float = 0.9
+    #: whether any draft could pay at a batch size (:meth:`_may_pay`) is worked out again after this many steps
+    may_pay_every: int = 4
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
@@ -202,10 +204,10 @@ class Proposer:
         # per bucket of decoding requests: decayed [weight, seconds the plans after asking expected to save,
         # seconds asking took, steps since the last ask]; see _worth_asking
         self.asks: dict[int, list[float]] = {}
+        self._may: dict[int, tuple[int, bool]] = {}  # bucket of decoding requests -> (step, whether a draft may pay)
         self.trace_path = os.environ.get(ENV_TRACE) or None
         self.trace: list[tuple] = []  # the calls not yet written (and the last 20 written)
         self._traced = 0  # calls traced
-        self._reach: dict = {}  # (key, n) -> reach, for the step being planned (the rates do not change in it)
         _INSTANCES.add(self)
 
     @staticmethod
@@ -321,7 +323,6 @@ class Proposer:
         # baseline the plan and the rest weigh drafted rows against; extrapolated, it misprices them)
         probe = not resting and priced and self.cost.weight(len(decoding), 0) < self.probe_below
         self.counts["probes"] += probe
-        self._reach.clear()
         t0 = perf_counter()
         # unpaid: at this batch size asking the sources has taken more than the plans after it expected to save
         unpaid = not (resting or probe) and priced and not self._worth_asking(len(decoding))
@@ -457,12 +458,18 @@ class Proposer:
         request factor, as :meth:`_scaled` lifts it). When even those draft nothing, what the sources would
         offer cannot pay either, and asking them is skipped (at 32 requests on this project's CPU asking took
         3 ms of a 105 ms step whose first drafted rows cost 5 ms each)."""
+        b = StepCost.bucket(len(decoding))
+        kept = self._may.get(b)
+        if kept is not None and self.counts["steps"] - kept[0] < self.may_pay_every:
+            return kept[1]
         keys = list(self.rates.trials) or [(RECYCLING, 0.0)]
-        best = np.max([self.reach(key, self.k) for key in keys], axis=0)
+        best = [max(col) for col in zip(*(self.reach(key, self.k) for key in keys))]
         f = max(st.factor(self.request_weight, self._prior) for st in decoding)
         if f > 1.0:
-            best = np.array([min(max(r, 0.98), r * f) for r in best])
-        return any(self.plan([best] * len(decoding)))
+            best = [min(max(r, 0.98), r * f) for r in best]
+        out = any(self.plan([best] * len(decoding)))
+        self._may[b] = (self.counts["steps"], out)
+        return out
 
     def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
         """How many tokens each decoding request drafts this step, from each chain's reach (P(right through
@@ -479,16 +486,20 @@ class Proposer:
         total = sum(lens)
         if not total:  # nothing offered: nothing to price
             return [0] * n
-        r = np.fromiter(itertools.chain.from_iterable(reaches), dtype=float, count=total)
-        req = np.repeat(np.arange(n), lens)
-        depth = np.arange(total) - np.repeat(np.cumsum([0, *lens[:-1]]), lens)
-        order = np.lexsort((req, depth, -r))  # likeliest first; ties: shallower, then the earlier request
-        tokens = n + np.concatenate(([0.0], np.cumsum(r[order])))
-        g = tokens / self.cost.costs(n, n + total, n)
-        best_k = int(np.argmax(g))  # the first of equal gains: the fewest tokens
-        counts = np.zeros(n, dtype=np.int64)  # a request's depth d is taken only after its depth d - 1
-        np.maximum.at(counts, req[order[:best_k]], depth[order[:best_k]] + 1)
-        return counts.tolist()
+        # likeliest first; ties: shallower, then the earlier request. Plain Python: at most a few hundred tokens, and
+        # numpy's calls on arrays this small cost more than the work (several times more between forward passes)
+        order = sorted((-float(r), d, i) for i, reach in enumerate(reaches) for d, r in enumerate(reach))
+        costs = self.cost.costs(n, n + total, n)
+        best_k, best_g, taken = 0, n / costs[0], 0.0
+        for j, (neg, _, _) in enumerate(order, 1):
+            taken -= neg
+            g = (n + taken) / costs[j]
+            if g > best_g:  # the first of equal gains: the fewest tokens
+                best_k, best_g = j, g
+        counts = [0] * n  # a request's depth d is taken only after its depth d - 1
+        for _, d, i in order[:best_k]:
+            counts[i] = max(counts[i], d + 1)
+        return counts
 
     # -- per request -----------------------------------------------------------------------------
     def _scaled(self, st: _Live, reach: list[float]) -> list[float]:
@@ -529,7 +540,7 @@ class Proposer:
     def _room(self, n: int) -> int:
         return self.k if self.max_model_len is None else max(0, min(self.k, self.max_model_len - n - 1))
 
-    def _draft(self, st: _Live) -> tuple[list[int], list[float]]:
+    def _draft(self, st: _Live) -> tuple[list[int], Sequence[float]]:
         """This request's merged chain (cut to the room left) and its reach at each depth; ``([], [])`` when
         no source proposes."""
         from goose.policies.merge import Drafted, merge, rank
@@ -561,13 +572,10 @@ class Proposer:
         n = min(room, len(m.spine))
         return list(m.spine[:n]), self.reach(key, n)
 
-    def reach(self, key, n: int) -> list[float]:
+    def reach(self, key, n: int) -> tuple[float, ...]:
         """P(right through depth d) for d = 1..n: the leader's measured per-depth rates, an unmeasured
         depth inheriting the rate of the depth above (``SourceRates.reach_inherited``)."""
-        r = self._reach.get((key, n))
-        if r is None:
-            r = self._reach[key, n] = self.rates.reach_inherited(key, n)
-        return r
+        return self.rates.reach_inherited(key, n)
 
     def stats(self) -> dict:
         steps = max(1, self.counts["steps"])
@@ -633,13 +641,16 @@ class StepCost:
 
     def __init__(self, decay: float = 0.98, min_steps: int = 8, outlier_factor: float = 3.0):
         self.decay, self.min_steps, self.outlier_factor = decay, min_steps, outlier_factor
-        self.s = np.zeros(6)  # rows line: sum w, w*x, w*x^2, w*y, w*x*y, w*tokens
-        self.p = np.zeros((4, 4))  # plane: decayed sum of v v^T with v = (1, requests, drafted, seconds)
+        # plain Python floats here and in what reads them: this runs once a step between the engine's forward passes,
+        # where numpy's calls on a few numbers cost more than the arithmetic (its code cold after the forward)
+        self.s = [0.0] * 6  # rows line: sum w, w*x, w*x^2, w*y, w*x*y, w*tokens
+        self.p = [[0.0] * 4 for _ in range(4)]  # plane: decayed sum of v v^T with v = (1, requests, drafted, seconds)
         self.steps = 0
         # (request bucket, drafted-rows bucket) -> decayed [weight, sum of seconds, sum of requests, sum of drafted]
         self.buckets: dict[tuple[int, int], list[float]] = {}
         self._last: tuple[float, int, int] | None = None
         self._memo: dict = {}  # cost by (requests, rows), until the next step
+        self._spans: dict = {}  # costs by requests: (first rows, array), until the next step
         self._curves: dict = {}  # the pooled curve by requests (None: by rows), until the next step
         self._plane: tuple | None | bool = False  # the plane, until the next step (False: not solved yet)
         self.skipped = 0  # steps not counted because they carried prompt tokens
@@ -647,7 +658,7 @@ class StepCost:
 
     @staticmethod
     def bucket(n: int) -> int:
-        return n if n <= 8 else 8 + int(np.log(n / 8.0) / np.log(1.25))
+        return n if n <= 8 else 8 + int(log(n / 8.0) / log(1.25))
 
     def step(self, now: float, rows: int, tokens_now: int, left: int = 0, prompt: bool = False,
              requests: int | None = None, left_requests: int = 0) -> None:
@@ -666,11 +677,10 @@ class StepCost:
         if self.outlier(dt, int(x), int(n)):
             self.outliers += 1
             return
-        self.s *= self.decay
-        self.s += np.array([1.0, x, x * x, dt, x * dt, float(tokens_now)])
-        v = np.array([1.0, n, m, dt])
-        self.p *= self.decay
-        self.p += np.outer(v, v)
+        d = self.decay
+        self.s = [d * a + b for a, b in zip(self.s, (1.0, x, x * x, dt, x * dt, float(tokens_now)))]
+        v = (1.0, n, m, dt)
+        self.p = [[d * a + vi * vj for a, vj in zip(row, v)] for row, vi in zip(self.p, v)]
         for k in list(self.buckets):
             e = self.buckets[k]
             for j in range(4):
@@ -684,6 +694,7 @@ class StepCost:
         e[3] += m
         self.steps += 1
         self._memo.clear()
+        self._spans.clear()
         self._curves.clear()
         self._plane = False
 
@@ -730,16 +741,14 @@ class StepCost:
         self._plane = None
         if self.steps < self.min_steps:
             return None
-        xtx, xty = self.p[:3, :3], self.p[:3, 3]
-        scale = np.sqrt(np.diag(xtx)) + 1e-12
-        norm = xtx / np.outer(scale, scale)
-        if np.linalg.cond(norm) > 1e6:
+        beta = solve_normal3(self.p, max_cond=1e6)
+        if beta is None:
             return None
-        a, b_req, b_row = np.linalg.solve(xtx, xty)
+        a, b_req, b_row = beta
         self._plane = (float(a), float(max(b_req, 0.0)), float(max(b_row, 0.0)))
         return self._plane
 
-    def _points(self, requests: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _points(self, requests: int | None) -> tuple[tuple[float, ...], ...]:
         """(x, seconds, weight) of the buckets a cost at ``requests`` reads: x is drafted rows (rows while
         ``requests`` is None), seconds moved to ``requests`` along the plane's request slope."""
         live = [(k, e) for k, e in self.buckets.items() if e[0] > 0.05]
@@ -752,7 +761,7 @@ class StepCost:
             b_req = pl[1] if pl is not None else f[1] if f is not None else 0.0
             pts = [(e[3] / e[0], e[1] / e[0] + b_req * (requests - e[2] / e[0]), e[0]) for _, e in own]
         pts.sort()
-        return tuple(np.array(v, dtype=float) for v in zip(*pts))
+        return tuple(zip(*pts))
 
     def curve(self, requests: int | None = None) -> list[tuple[float, float]]:
         """``[(x, seconds), ...]`` by x (drafted rows at ``requests`` requests; rows while None), made
@@ -764,30 +773,46 @@ class StepCost:
         out = self._curves[key] = pool_non_decreasing(zip(*self._points(requests))) if self.buckets else []
         return out
 
-    def costs(self, lo: int, hi: int, requests: int | None = None) -> np.ndarray:
-        """``[cost(rows, requests) for rows in lo..hi]`` at once (call once :meth:`ready`)."""
-        pts = self.curve(requests)
-        xs, ys = (np.array(v, dtype=float) for v in zip(*pts))
-        rows = np.arange(lo, hi + 1, dtype=float)
-        q = rows if requests is None else rows - requests
-        c = np.interp(q, xs, ys)
-        past, short = q > xs[-1], q < xs[0]
+    def costs(self, lo: int, hi: int, requests: int | None = None) -> list[float]:
+        """``[cost(rows, requests) for rows in lo..hi]`` at once (call once :meth:`ready`). Worked out once a step
+        per ``requests`` and kept (a call to ``propose`` reads the cost of one batch size four or five times), over
+        the span asked for so far."""
+        span = self._spans.get(requests)
+        if span is None or lo < span[0] or hi >= span[0] + len(span[1]):
+            lo0, hi0 = (lo, hi) if span is None else (min(lo, span[0]), max(hi, span[0] + len(span[1]) - 1))
+            span = self._spans[requests] = (lo0, self._costs(lo0, hi0, requests))
+        return span[1][lo - span[0] : hi - span[0] + 1]
+
+    def _costs(self, lo: int, hi: int, requests: int | None) -> list[float]:
+        """As :meth:`costs`, worked out. Plain Python, not numpy: a plan reads a few dozen to a few hundred
+        rows, and numpy's calls on arrays that small took 0.15 ms a step here between forward passes."""
+        xs, ys = ([float(x) for x in v] for v in zip(*self.curve(requests)))
         slope = self._slope(requests)
         if requests is not None and xs[-1] - xs[0] >= 2.0:  # past the most drafted rows measured at this batch size,
             chord = (ys[-1] - ys[0]) / (xs[-1] - xs[0])  # a row costs at least what the measured ones did on average
             slope = chord if slope is None else max(slope, chord)
-        if past.any():  # past the most rows measured: along the slope (in proportion to the rows without one)
-            if slope is not None:
-                c[past] = ys[-1] + slope * (q[past] - xs[-1])
-            else:
-                c[past] = ys[-1] * rows[past] / max(1.0, xs[-1] + (requests or 0))
-        if short.any():  # below the fewest: along the slope, at most that point's time
-            if requests is None:
-                f = self.fit()
-                c[short] = np.minimum(ys[0], f[0] + f[1] * rows[short]) if f is not None else ys[0]
-            else:
-                c[short] = ys[0] - (slope or 0.0) * (xs[0] - q[short])
-        return np.maximum(c, 1e-9)
+        f = self.fit() if requests is None else None
+        off = 0 if requests is None else requests
+        out = []
+        j = 0
+        for rows in range(lo, hi + 1):
+            q = float(rows - off)
+            if q > xs[-1]:  # past the most rows measured: along the slope (in proportion to the rows without one)
+                c = ys[-1] + slope * (q - xs[-1]) if slope is not None else ys[-1] * rows / max(1.0, xs[-1] + off)
+            elif q < xs[0]:  # below the fewest: along the slope, at most that point's time
+                if requests is None:
+                    c = min(ys[0], f[0] + f[1] * rows) if f is not None else ys[0]
+                else:
+                    c = ys[0] - (slope or 0.0) * (xs[0] - q)
+            else:  # between two measured points: linear
+                while j + 1 < len(xs) and xs[j + 1] <= q:
+                    j += 1
+                if q == xs[j]:
+                    c = ys[j]
+                else:
+                    c = ys[j] + (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) * (q - xs[j])
+            out.append(max(c, 1e-9))
+        return out
 
     def _slope(self, requests: int | None) -> float | None:
         """Seconds per row past the measured points: the plane's per drafted row (with ``requests``), else the
@@ -804,7 +829,7 @@ class StepCost:
         docstring); call once :meth:`ready`."""
         c = self._memo.get((requests, rows))
         if c is None:
-            c = self._memo[requests, rows] = float(self.costs(rows, rows, requests)[0])
+            c = self._memo[requests, rows] = self.costs(rows, rows, requests)[0]
         return c
 
     def table(self) -> dict:
@@ -826,6 +851,38 @@ class StepCost:
         if sy <= 0 or tok <= 0:
             return default
         return float(min(0.95, max(0.02, f[1] * tok / sy)))
+
+
+def solve_normal3(p: list[list[float]], max_cond: float) -> tuple[float, float, float] | None:
+    """Least squares from the normal equations ``p[:3][:3] beta = p[:3][3]`` (``p``: the decayed sums of ``v v^T``,
+    ``v = (x0, x1, x2, y)``), or None where the matrix, scaled to a unit diagonal, has a condition number above
+    ``max_cond``. In plain Python, not numpy's LAPACK: this runs once a step between the engine's forward passes,
+    where numpy's linear algebra took 0.2 ms on this project's CPU (its code cold after the forward) and these
+    few dozen float operations take a few microseconds."""
+    sc = [sqrt(p[i][i]) + 1e-12 for i in range(3)]
+    m = [[p[i][j] / (sc[i] * sc[j]) for j in range(3)] for i in range(3)]
+    y = [p[i][3] / sc[i] for i in range(3)]
+    # eigenvalues of the symmetric m (closed form: Smith, CACM 1961): the condition number is the largest over the smallest
+    q = (m[0][0] + m[1][1] + m[2][2]) / 3.0
+    off = m[0][1] ** 2 + m[0][2] ** 2 + m[1][2] ** 2
+    r2 = ((m[0][0] - q) ** 2 + (m[1][1] - q) ** 2 + (m[2][2] - q) ** 2 + 2.0 * off) / 6.0
+    if r2 <= 0.0:  # a multiple of the identity
+        lo = hi = q
+    else:
+        r = sqrt(r2)
+        b = [[(m[i][j] - (q if i == j else 0.0)) / r for j in range(3)] for i in range(3)]
+        det = (b[0][0] * (b[1][1] * b[2][2] - b[1][2] * b[2][1]) - b[0][1] * (b[1][0] * b[2][2] - b[1][2] * b[2][0])
+               + b[0][2] * (b[1][0] * b[2][1] - b[1][1] * b[2][0]))
+        phi = acos(min(1.0, max(-1.0, det / 2.0))) / 3.0
+        hi, lo = q + 2.0 * r * cos(phi), q + 2.0 * r * cos(phi + 2.0 * pi / 3.0)
+    if lo <= 0.0 or hi > max_cond * lo:
+        return None
+    (a, b_, c), (d, e, f), (g, h, k) = m
+    det = a * (e * k - f * h) - b_ * (d * k - f * g) + c * (d * h - e * g)
+    z0 = (y[0] * (e * k - f * h) - b_ * (y[1] * k - f * y[2]) + c * (y[1] * h - e * y[2])) / det
+    z1 = (a * (y[1] * k - f * y[2]) - y[0] * (d * k - f * g) + c * (d * y[2] - y[1] * g)) / det
+    z2 = (a * (e * y[2] - y[1] * h) - b_ * (d * y[2] - y[1] * g) + y[0] * (d * h - e * g)) / det
+    return z0 / sc[0], z1 / sc[1], z2 / sc[2]
 
 
 def pool_non_decreasing(points) -> list[tuple[float, float]]:

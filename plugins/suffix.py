@@ -66,6 +66,8 @@ import threading
 from array import array
 from collections.abc import Sequence
 
+import numpy as np
+
 from pydantic import Field, model_validator
 
 from goose.hookspecs import hookimpl
@@ -121,15 +123,38 @@ def pattern_lengths(min_pattern: int, max_pattern: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+_P = 0x9E3779B97F4A7C15  # odd multiplier of the n-gram hash (arithmetic mod 2**64)
+_MASK = (1 << 64) - 1
+_BULK = 16  # an append of at least this many positions is indexed with numpy
+
+
+def _powers(n: int) -> list[int]:
+    out = [1]
+    for _ in range(n):
+        out.append((out[-1] * _P) & _MASK)
+    return out
+
+
+def ngram_hash(tokens: Sequence[int]) -> int:
+    """The index's hash of an n-gram: ``sum(t[n - 1 - i] * P ** i) mod 2**64`` (the last token times 1)."""
+    h = 0
+    for t in tokens:
+        h = (h * _P + t) & _MASK
+    return h
+
+
 class _Segment:
     """One text (a request's tokens) and its n-gram index, for the lengths in ``lengths``.
 
     ``last[k]``: hash of the n-gram (n = lengths[k]) ending at e -> the latest such e;
     ``prev[k][e]``: the previous end position with the same hash, -1 when none. Only end
-    positions with a following token are indexed (e <= len(tokens) - 2).
+    positions with a following token are indexed (e <= len(tokens) - 2). The hash is
+    :func:`ngram_hash`, read from prefix hashes (``ph[e]``: the hash of tokens 0..e), so each
+    position costs a few integer operations per length; a long append (a prompt) is hashed
+    and chained with numpy at once.
     """
 
-    __slots__ = ("lengths", "tokens", "last", "prev", "indexed", "frozen", "_nbytes", "__weakref__")
+    __slots__ = ("lengths", "tokens", "last", "prev", "indexed", "frozen", "ph", "_pow", "_nbytes", "__weakref__")
 
     def __init__(self, lengths: Sequence[int]):
         self.lengths = tuple(lengths)
@@ -138,6 +163,8 @@ class _Segment:
         self.prev: list[array] = [array("i") for _ in self.lengths]
         self.indexed = 0  # end positions < indexed are in the index
         self.frozen = False
+        self.ph: list[int] | None = []  # prefix hashes of tokens 0..e (dropped when frozen)
+        self._pow = _powers(max(self.lengths))
         self._nbytes: int | None = None
 
     def __len__(self) -> int:
@@ -147,20 +174,71 @@ class _Segment:
         """Append ``tokens`` and index every position that now has a follower."""
         if self.frozen:
             raise RuntimeError("a frozen (history) segment is immutable")
+        start = len(self.tokens)
         self.tokens.extend(tokens)
-        toks = self.tokens
+        toks, ph = self.tokens, self.ph
         stop = len(toks) - 1  # the last position has no follower yet
+        if stop - self.indexed >= _BULK:
+            self._prefix_bulk(start)
+            self._index_bulk(stop)
+            return
+        h = ph[-1] if ph else 0
+        for t in toks[start:]:
+            h = (h * _P + t) & _MASK
+            ph.append(h)
+        pw = self._pow
         for e in range(self.indexed, stop):
             for k, n in enumerate(self.lengths):
                 prev = self.prev[k]
                 if e - n + 1 < 0:
                     prev.append(-1)
                     continue
-                h = hash(tuple(toks[e - n + 1 : e + 1]))
+                h = ph[e] if e < n else (ph[e] - ph[e - n] * pw[n]) & _MASK
                 table = self.last[k]
                 prev.append(table.get(h, -1))
                 table[h] = e
         self.indexed = max(self.indexed, stop)
+
+    def _prefix_bulk(self, start: int) -> None:
+        """Prefix hashes of positions ``start..`` with numpy: a scan of the linear recurrence
+        ``ph[e] = ph[e - 1] * P + t[e]`` by doubling shifts (uint64 wraps mod 2**64)."""
+        x = np.asarray(self.tokens[start:], dtype=np.uint64)
+        s, pw = 1, _P
+        with np.errstate(over="ignore"):
+            if start and self.ph:
+                x[0] += np.uint64((self.ph[-1] * _P) & _MASK)
+            while s < len(x):
+                x[s:] += x[:-s] * np.uint64(pw)
+                s, pw = 2 * s, (pw * pw) & _MASK
+        self.ph.extend(x.tolist())
+
+    def _index_bulk(self, stop: int) -> None:
+        """Index end positions ``indexed..stop - 1`` at once (as the loop in :meth:`extend` would)."""
+        php = np.zeros(len(self.ph) + 1, dtype=np.uint64)  # php[e + 1] = ph[e]; php[0]: the empty prefix
+        php[1:] = self.ph
+        lo = self.indexed
+        for k, n in enumerate(self.lengths):
+            prev, table = self.prev[k], self.last[k]
+            first = min(max(lo, n - 1), stop)  # earlier ends have no n tokens before them
+            prev.extend([-1] * (first - lo))
+            if first >= stop:
+                continue
+            e = np.arange(first, stop)
+            with np.errstate(over="ignore"):
+                h = php[first + 1 : stop + 1] - php[first - n + 1 : stop - n + 1] * np.uint64(self._pow[n])
+            order = np.argsort(h, kind="stable")  # by hash, positions ascending within one
+            hs = h[order]
+            same = np.zeros(len(h), dtype=bool)
+            same[1:] = hs[1:] == hs[:-1]
+            chained = np.full(len(h), -1, dtype=np.int64)
+            chained[order[1:]] = np.where(same[1:], e[order[:-1]], -1)
+            if table:  # the first of each hash chains to the table's latest end
+                heads = order[~same]
+                get = table.get
+                chained[heads] = [get(x, -1) for x in h[heads].tolist()]
+            prev.extend(chained.tolist())
+            table.update(zip(h.tolist(), e.tolist()))  # in order of position: the latest end is kept
+        self.indexed = stop
 
     def freeze(self) -> _Segment:
         """Make the segment immutable (a history segment): tokens become a compact array."""
@@ -170,6 +248,7 @@ class _Segment:
             except OverflowError:  # pragma: no cover - ids beyond 2**31
                 self.tokens = array("q", self.tokens)
             self.frozen = True
+            self.ph = None  # only appends read it
             self._nbytes = None  # counted when first asked (a stats call), then kept: the segment no longer changes
         return self
 
@@ -342,7 +421,7 @@ class SuffixSource(DraftSource):
             if n > lq:
                 continue
             key = tuple(q[lq - n :])
-            h = hash(key)
+            h = ngram_hash(key)
             found: list[tuple[_Segment, int, int]] = []
             budget = o.max_occurrences
             for seg in segs:

@@ -68,7 +68,8 @@ class SourceRates:
         self.trials: dict = defaultdict(lambda: [0.0] * max_depth)
         self.floors: dict[str, tuple[float, ...]] = {}  # source -> its tiers' floors, highest first
         self.starts: dict[tuple[str, float], tuple[float, float]] = {}  # (source, floor) -> (p_1, p_deeper)
-        self._memo: dict = {}
+        self._memo: dict = {}  # key -> {n: expected(key, n)}
+        self._inherited: dict = {}  # key -> {(n, prior): reach_inherited(key, n, prior)}
 
     def set_tiers(self, source: str, tiers) -> None:
         """``tiers``: ``[(floor, p_1, p_deeper), ...]`` measured for ``source`` (None or empty: none)."""
@@ -79,6 +80,7 @@ class SourceRates:
         for floor, p1, deeper in tiers:
             self.starts[source, float(floor)] = (float(p1), float(deeper))
         self._memo.clear()
+        self._inherited.clear()
 
     def begin(self, fresh: bool) -> None:
         """A generation starts: keep ``carry`` of what was learned (all of it dropped when ``fresh``)."""
@@ -87,6 +89,7 @@ class SourceRates:
             for key in list(table):
                 table[key] = [v * k for v in table[key]]
         self._memo.clear()
+        self._inherited.clear()
 
     def key(self, source: str, confidence: float) -> tuple[str, float]:
         """``(source, tier floor)`` of a chain with this reported confidence."""
@@ -123,11 +126,20 @@ class SourceRates:
             out.append(r)
         return out
 
-    def reach_inherited(self, key, n: int, prior: float | None = None) -> list[float]:
+    def reach_inherited(self, key, n: int, prior: float | None = None) -> tuple[float, ...]:
         """As :meth:`reach` from depth 0, but each depth's rate is shrunk toward the rate of the depth
         above (the first toward ``prior``, default this table's): an unmeasured depth inherits the
         shallower rate, as ``theory.calibrate.smoothed`` does for the spine (a match that held so far
-        tends to hold on)."""
+        tends to hold on). Kept until ``key`` is booked again (vLLM's proposer reads every key's each step)."""
+        memo = self._inherited.get(key)
+        if memo is None:
+            memo = self._inherited[key] = {}
+        out = memo.get((n, prior))
+        if out is None:
+            out = memo[n, prior] = tuple(self._reach_inherited(key, n, prior))
+        return out
+
+    def _reach_inherited(self, key, n: int, prior: float | None) -> list[float]:
         h, t = self.hits.get(key), self.trials.get(key)
         out, p, rate = [], 1.0, self.prior if prior is None else prior
         for d in range(n):
@@ -170,6 +182,7 @@ class SourceRates:
         for source, (floor, chain) in chains.items():
             key = (source, floor)
             self._memo.pop(key, None)  # only the booked keys' expectations change
+            self._inherited.pop(key, None)
             h, t = self.hits[key], self.trials[key]
             for d in range(min(len(chain), len(target))):
                 j = min(d, self.max_depth - 1)

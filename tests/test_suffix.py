@@ -8,12 +8,12 @@ import weakref
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as hs
 
 import goose
 from goose.interfaces import check_proposal
-from goose.plugins.suffix import SuffixOptions, SuffixSource, confidence, pattern_lengths
+from goose.plugins.suffix import SuffixOptions, SuffixSource, _Segment, confidence, ngram_hash, pattern_lengths
 from goose.policies.merge import first_chain
 from goose.testing import SourceLosslessnessKit, ToyCausalLM, reference_greedy
 
@@ -250,6 +250,33 @@ def test_chain_only_is_the_trees_first_chain(tokens, past, max_depth, min_prob):
         {x: tree.info[x] for x in ("pattern", "occurrences", "from_history")}
     cut = propose(tokens, past, tree=False, max_depth=max_depth, min_prob=min_prob, max_nodes=2)
     assert len(cut.tokens) <= 2 and cut.tokens == chain.tokens[: len(cut.tokens)]
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=hs.lists(hs.integers(0, 3), max_size=300) | hs.lists(hs.integers(0, 2**31 - 1), max_size=300),
+       chunks=hs.lists(hs.sampled_from([1, 2, 15, 16, 17, 40, 200]), min_size=1, max_size=40))
+@example(tokens=[0, 1] * 40, chunks=[3, 40])  # a long append after a short one: its n-grams chain to earlier ones
+def test_a_long_append_indexes_as_token_by_token(tokens, chunks):
+    """A long append (a prompt: numpy hashes and chains it at once) leaves the same index as appending a token at
+    a time: each length's latest end per hash and each end's chain to the previous one with that hash."""
+    lengths = pattern_lengths(2, 32)
+    one = _Segment(lengths)
+    for t in tokens:
+        one.extend([t])
+    mixed, i = _Segment(lengths), 0
+    for c in chunks * (1 + len(tokens)):
+        if i >= len(tokens):
+            break
+        mixed.extend(tokens[i : i + c])
+        i += c
+    mixed.extend(tokens[i:])
+    assert mixed.last == one.last and [list(a) for a in mixed.prev] == [list(a) for a in one.prev]
+    for k, n in enumerate(lengths):
+        for e in range(n - 1, len(tokens) - 1):
+            h = ngram_hash(tokens[e - n + 1 : e + 1])
+            assert h in one.last[k] and one.last[k][h] >= e
+            prev = one.prev[k][e]
+            assert prev < e and (prev < 0 or ngram_hash(tokens[prev - n + 1 : prev + 1]) == h)
+
 
 def test_index_is_incremental():
     src = make()

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import goose
 from goose.errors import InvalidInputError, UnknownComponentError
-from goose.vllm import Proposer, StepCost
+from goose.vllm import Proposer, StepCost, solve_normal3
 
 V = 50
 
@@ -518,6 +518,31 @@ def test_steps_that_run_a_prompt_do_not_price_the_rows():
     assert all(y1 >= y0 for (_, y0), (_, y1) in zip(curve, curve[1:])), curve
     assert max(y for _, y in curve) < 0.2, curve  # the prompts' half-second steps are not in it
 
+
+
+def test_the_plane_is_solved_as_least_squares_and_refused_when_ill_conditioned():
+    """``solve_normal3`` (the step cost's plane, in plain Python) agrees with numpy's least squares, and returns
+    None where the scaled normal matrix has a condition number above the bound (requests constant, or drafted rows
+    a multiple of the requests)."""
+    rng = np.random.default_rng(0)
+    refused = 0
+    for t in range(400):
+        k = int(rng.integers(5, 60))
+        x = np.column_stack([np.ones(k), rng.integers(1, 33, k), rng.integers(0, 40, k)]).astype(float)
+        if t % 5 == 1:
+            x[:, 1] = x[0, 1]  # one batch size throughout
+        if t % 5 == 2:
+            x[:, 2] = 2 * x[:, 1]
+        y = x @ [0.04, 0.002, 0.003] + rng.normal(0, 0.002, k)
+        v = np.column_stack([x, y])
+        got = solve_normal3((v.T @ v).tolist(), max_cond=1e6)
+        if t % 5 in (1, 2):
+            assert got is None
+            refused += 1
+            continue
+        want = np.linalg.lstsq(x, y, rcond=None)[0]
+        assert got is not None and np.allclose(got, want, rtol=1e-7, atol=1e-10)
+    assert refused == 160
 
 def test_the_cost_curve_pools_a_slow_small_bucket_instead_of_lifting_every_larger_one():
     c = StepCost()
