@@ -457,7 +457,9 @@ class Proposer:
         every request offered the likeliest reach of any source and tier at each depth (lifted by the largest
         request factor, as :meth:`_scaled` lifts it). When even those draft nothing, what the sources would
         offer cannot pay either, and asking them is skipped (at 32 requests on this project's CPU asking took
-        3 ms of a 105 ms step whose first drafted rows cost 5 ms each)."""
+        3 ms of a 105 ms step whose first drafted rows cost 5 ms each). The answer is kept ``may_pay_every`` steps
+        per batch size (bucket of decoding requests): it changes slowly (at 1 request on this project's CPU it is
+        always yes), and working it out is a plan over every request."""
         b = StepCost.bucket(len(decoding))
         kept = self._may.get(b)
         if kept is not None and self.counts["steps"] - kept[0] < self.may_pay_every:
@@ -502,7 +504,7 @@ class Proposer:
         return counts
 
     # -- per request -----------------------------------------------------------------------------
-    def _scaled(self, st: _Live, reach: list[float]) -> list[float]:
+    def _scaled(self, st: _Live, reach: Sequence[float]) -> Sequence[float]:
         """The sources' reach for this request, times its own measured factor; a factor above 1 lifts no
         depth past 0.98 (or its own reach, if higher): a request that has drafted well is not certain."""
         f = st.factor(self.request_weight, self._prior)
@@ -650,7 +652,7 @@ class StepCost:
         self.buckets: dict[tuple[int, int], list[float]] = {}
         self._last: tuple[float, int, int] | None = None
         self._memo: dict = {}  # cost by (requests, rows), until the next step
-        self._spans: dict = {}  # costs by requests: (first rows, array), until the next step
+        self._spans: dict = {}  # costs by requests: (first rows, [cost of each rows from there]), until the next step
         self._curves: dict = {}  # the pooled curve by requests (None: by rows), until the next step
         self._plane: tuple | None | bool = False  # the plane, until the next step (False: not solved yet)
         self.skipped = 0  # steps not counted because they carried prompt tokens

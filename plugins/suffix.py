@@ -12,9 +12,10 @@ one frozen segment per remembered request. Each segment indexes, for a few patte
 ``n`` (``min_pattern``, doubling up to ``max_pattern``: 2, 4, 8, 16, 32 by default), every
 n-gram that has a following token: ``last[n]`` maps the n-gram's hash to its latest end
 position and ``prev[n][e]`` (a 4-byte array) chains each end position to the previous one with
-the same hash, so occurrences are walked most recent first. Appending a token costs one hash per
-indexed length (O(new tokens x max_pattern) for the tuples hashed); each ``propose`` indexes only
-positions committed since the last call.
+the same hash, so occurrences are walked most recent first. The hash (:func:`ngram_hash`, a
+polynomial mod 2**64) is read from the segment's prefix hashes, so appending a token costs a few
+integer operations per indexed length; a long append (a new prompt) is hashed and chained with
+numpy at once. Each ``propose`` indexes only positions committed since the last call.
 
 Lookup. From the longest indexed length down, the query suffix's hash is looked up in every
 segment (current request first, then the history newest first); at the first length ``n`` with a
