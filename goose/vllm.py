@@ -651,7 +651,6 @@ class StepCost:
         # (request bucket, drafted-rows bucket) -> decayed [weight, sum of seconds, sum of requests, sum of drafted]
         self.buckets: dict[tuple[int, int], list[float]] = {}
         self._last: tuple[float, int, int] | None = None
-        self._memo: dict = {}  # cost by (requests, rows), until the next step
         self._spans: dict = {}  # costs by requests: (first rows, [cost of each rows from there]), until the next step
         self._curves: dict = {}  # the pooled curve by requests (None: by rows), until the next step
         self._plane: tuple | None | bool = False  # the plane, until the next step (False: not solved yet)
@@ -695,7 +694,6 @@ class StepCost:
         e[2] += n
         e[3] += m
         self.steps += 1
-        self._memo.clear()
         self._spans.clear()
         self._curves.clear()
         self._plane = False
@@ -750,8 +748,8 @@ class StepCost:
         self._plane = (float(a), float(max(b_req, 0.0)), float(max(b_row, 0.0)))
         return self._plane
 
-    def _points(self, requests: int | None) -> tuple[tuple[float, ...], ...]:
-        """(x, seconds, weight) of the buckets a cost at ``requests`` reads: x is drafted rows (rows while
+    def _points(self, requests: int | None) -> list[tuple[float, float, float]]:
+        """``[(x, seconds, weight), ...]`` by x, of the buckets a cost at ``requests`` reads: x is drafted rows (rows while
         ``requests`` is None), seconds moved to ``requests`` along the plane's request slope."""
         live = [(k, e) for k, e in self.buckets.items() if e[0] > 0.05]
         if requests is None:
@@ -763,7 +761,7 @@ class StepCost:
             b_req = pl[1] if pl is not None else f[1] if f is not None else 0.0
             pts = [(e[3] / e[0], e[1] / e[0] + b_req * (requests - e[2] / e[0]), e[0]) for _, e in own]
         pts.sort()
-        return tuple(zip(*pts))
+        return pts
 
     def curve(self, requests: int | None = None) -> list[tuple[float, float]]:
         """``[(x, seconds), ...]`` by x (drafted rows at ``requests`` requests; rows while None), made
@@ -772,7 +770,7 @@ class StepCost:
         key = requests
         if key in self._curves:
             return self._curves[key]
-        out = self._curves[key] = pool_non_decreasing(zip(*self._points(requests))) if self.buckets else []
+        out = self._curves[key] = pool_non_decreasing(self._points(requests)) if self.buckets else []
         return out
 
     def costs(self, lo: int, hi: int, requests: int | None = None) -> list[float]:
@@ -829,10 +827,7 @@ class StepCost:
     def cost(self, rows: int, requests: int | None = None) -> float:
         """Seconds of a step verifying ``rows`` rows, ``requests`` of them decoding requests' own (see the class
         docstring); call once :meth:`ready`."""
-        c = self._memo.get((requests, rows))
-        if c is None:
-            c = self._memo[requests, rows] = self.costs(rows, rows, requests)[0]
-        return c
+        return self.costs(rows, rows, requests)[0]
 
     def table(self) -> dict:
         """``{requests: {drafted rows: mean ms}}`` of the buckets measured, for the stats."""
@@ -855,6 +850,11 @@ class StepCost:
         return float(min(0.95, max(0.02, f[1] * tok / sy)))
 
 
+def _det3(m) -> float:
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+
+
 def solve_normal3(p: list[list[float]], max_cond: float) -> tuple[float, float, float] | None:
     """Least squares from the normal equations ``p[:3][:3] beta = p[:3][3]`` (``p``: the decayed sums of ``v v^T``,
     ``v = (x0, x1, x2, y)``), or None where the matrix, scaled to a unit diagonal, has a condition number above
@@ -873,18 +873,13 @@ def solve_normal3(p: list[list[float]], max_cond: float) -> tuple[float, float, 
     else:
         r = sqrt(r2)
         b = [[(m[i][j] - (q if i == j else 0.0)) / r for j in range(3)] for i in range(3)]
-        det = (b[0][0] * (b[1][1] * b[2][2] - b[1][2] * b[2][1]) - b[0][1] * (b[1][0] * b[2][2] - b[1][2] * b[2][0])
-               + b[0][2] * (b[1][0] * b[2][1] - b[1][1] * b[2][0]))
-        phi = acos(min(1.0, max(-1.0, det / 2.0))) / 3.0
+        phi = acos(min(1.0, max(-1.0, _det3(b) / 2.0))) / 3.0
         hi, lo = q + 2.0 * r * cos(phi), q + 2.0 * r * cos(phi + 2.0 * pi / 3.0)
     if lo <= 0.0 or hi > max_cond * lo:
         return None
-    (a, b_, c), (d, e, f), (g, h, k) = m
-    det = a * (e * k - f * h) - b_ * (d * k - f * g) + c * (d * h - e * g)
-    z0 = (y[0] * (e * k - f * h) - b_ * (y[1] * k - f * y[2]) + c * (y[1] * h - e * y[2])) / det
-    z1 = (a * (y[1] * k - f * y[2]) - y[0] * (d * k - f * g) + c * (d * y[2] - y[1] * g)) / det
-    z2 = (a * (e * y[2] - y[1] * h) - b_ * (d * y[2] - y[1] * g) + y[0] * (d * h - e * g)) / det
-    return z0 / sc[0], z1 / sc[1], z2 / sc[2]
+    det = _det3(m)  # Cramer's rule: column c replaced by y
+    z = [_det3([[y[i] if jj == c else m[i][jj] for jj in range(3)] for i in range(3)]) / det for c in range(3)]
+    return z[0] / sc[0], z[1] / sc[1], z[2] / sc[2]
 
 
 def pool_non_decreasing(points) -> list[tuple[float, float]]:

@@ -61,6 +61,7 @@ are more than ``history`` requests or ``history_tokens`` tokens (a single reques
 
 from __future__ import annotations
 
+import functools
 import heapq
 import sys
 import threading
@@ -129,11 +130,13 @@ _MASK = (1 << 64) - 1
 _BULK = 16  # an append of at least this many positions is indexed with numpy
 
 
-def _powers(n: int) -> list[int]:
+@functools.lru_cache(maxsize=None)
+def _powers(n: int) -> tuple[int, ...]:
+    """``P ** i mod 2**64`` for i in 0..n (shared by every segment and lookup of one longest pattern)."""
     out = [1]
     for _ in range(n):
         out.append((out[-1] * _P) & _MASK)
-    return out
+    return tuple(out)
 
 
 def ngram_hash(tokens: Sequence[int]) -> int:
@@ -203,7 +206,7 @@ class _Segment:
     def _prefix_bulk(self, start: int) -> None:
         """Prefix hashes of positions ``start..`` with numpy: a scan of the linear recurrence
         ``ph[e] = ph[e - 1] * P + t[e]`` by doubling shifts (uint64 wraps mod 2**64)."""
-        x = np.asarray(self.tokens[start:], dtype=np.uint64)
+        x = np.asarray(self.tokens[start:], dtype=np.int64).astype(np.uint64)  # an id mod 2**64, as in the loop
         s, pw = 1, _P
         with np.errstate(over="ignore"):
             if start and self.ph:
@@ -417,12 +420,16 @@ class SuffixSource(DraftSource):
         """(pattern length, [(segment, end position)]) of the longest suffix of ``q`` that occurred."""
         o = self.options
         lq = len(q)
+        hashes = [0]  # hashes[n]: ngram_hash of q's last n tokens, every n at once
+        pw = _powers(self.lengths[-1])
+        for j in range(min(lq, self.lengths[-1])):
+            hashes.append((hashes[-1] + q[lq - 1 - j] * pw[j]) & _MASK)
         for k in range(len(self.lengths) - 1, -1, -1):
             n = self.lengths[k]
             if n > lq:
                 continue
             key = tuple(q[lq - n :])
-            h = ngram_hash(key)
+            h = hashes[n]
             found: list[tuple[_Segment, int, int]] = []
             budget = o.max_occurrences
             for seg in segs:
