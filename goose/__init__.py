@@ -9,14 +9,17 @@ from goose.compose import compose, greedy
 from goose.hf import hf_generate
 from goose.decoding import Decoder, GenerationOutput, Stats, StepRecord
 from goose.errors import (
+    ComponentError,
     DecoderBusyError,
     DraftSourceError,
     GooseError,
     InvalidInputError,
     InvalidTreeError,
     PluginError,
+    TreePolicyError,
     UnknownComponentError,
     UnsupportedModelError,
+    VerifierError,
 )
 from goose.hookspecs import hookimpl, hookspec
 from goose.interfaces import (
@@ -66,6 +69,9 @@ __all__ = [
     "PluginError",
     "InvalidTreeError",
     "InvalidInputError",
+    "ComponentError",
     "DraftSourceError",
+    "TreePolicyError",
+    "VerifierError",
     "UnsupportedModelError",
 ]

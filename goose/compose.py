@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from goose.decoding import Decoder
-from goose.errors import InvalidInputError
+from goose.errors import InvalidInputError, call_component
 from goose.interfaces import DraftSource, TreePolicy, Verifier
 from goose.manager import build_component, get_plugin_manager
 
@@ -55,9 +55,9 @@ def compose(
         raise InvalidInputError(f"draft source(s) {dups} listed twice in sources={names}; list each once")
     pol = build_component("policy", policy, TreePolicy, policy_options)
     ver = build_component("verifier", verifier, Verifier, verifier_options)
-    ver.bind(model)
-    pol.bind(built)
-    consulted = pol.consulted(built)
+    call_component("verifier", ver, "bind", model)
+    call_component("policy", pol, "bind", built)
+    consulted = call_component("policy", pol, "consulted", built)
     never = [s.name for s in built if consulted is not None and s.name not in consulted]
     if never:
         import warnings
@@ -71,8 +71,8 @@ def compose(
         )
     if hasattr(pol, "verifier_setup"):  # a fitted policy trusts the latency curve of the verifier's kernels
         vo = getattr(ver, "options", None)
-        pol.verifier_setup = ver.setup() if hasattr(ver, "setup") else {k: getattr(vo, k) for k in ("linear", "gqa") if hasattr(vo, k)}
-    pol.attach(model)
+        pol.verifier_setup = call_component("verifier", ver, "setup") if hasattr(ver, "setup") else {k: getattr(vo, k) for k in ("linear", "gqa") if hasattr(vo, k)}
+    call_component("policy", pol, "attach", model)
     pm = get_plugin_manager()
     eos = _eos_ids(model, tokenizer)
     desc = f"sources={names} policy={pol.name} verifier={ver.name} budget={budget}"

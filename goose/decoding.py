@@ -16,7 +16,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from goose.branches import BranchRates
-from goose.errors import DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, InvalidTreeError, PluginError
+from goose.errors import (
+    DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, InvalidTreeError, TreePolicyError, VerifierError,
+    call_component,
+)
 from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TokenView, TreePolicy, Verified, Verifier
 from goose.tree import DraftTree
 
@@ -188,7 +191,7 @@ class Decoder:
         self.model, self.tokenizer = model, tokenizer
         self.sources, self.policy, self.verifier = tuple(sources), policy, verifier
         self.budget = budget
-        self.max_nodes = policy.max_nodes(budget)
+        self.max_nodes = call_component("policy", policy, "max_nodes", budget)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids) | self.eos_token_ids
         self.hook = hook
@@ -399,7 +402,7 @@ class Decoder:
         if max_new_tokens == 0:
             stats = Stats(prompt_len, 0, 0, 0, {}, {}, (), {"total": 0.0}, "max_new_tokens")
             return GenerationOutput([], "", stats, prompt_ids)
-        self.verifier.check_request(prompt_len, max_new_tokens, self.max_nodes)
+        call_component("verifier", self.verifier, "check_request", prompt_len, max_new_tokens, self.max_nodes)
         rule = None
         if needs_rule:
             from goose.verifiers.sampling import TokenRule
@@ -429,8 +432,8 @@ class Decoder:
         """One generation on one component set: begin, prefill and steps, then the output and every end()."""
         request = Request(prompt_ids, self.vocab_size, max_new_tokens, self.budget)
         for s in worker.sources:
-            s.begin(request)
-        worker.policy.begin(request)
+            call_component("source", s, "begin", request)
+        call_component("policy", worker.policy, "begin", request)
         if worker.branches is not None:
             worker.branches.begin()
         if self.hook is not None:
@@ -443,7 +446,7 @@ class Decoder:
         try:
             new, stopped_by = self._steps(worker, ids, prompt_ids, keep, max_new_tokens, stops, rule, streamer, tally)
         finally:
-            verifier.end()
+            call_component("verifier", verifier, "end")
             if rule is not None:
                 verifier.rule = None
                 rule.finish()
@@ -457,14 +460,19 @@ class Decoder:
         (``prefill_positions``), as far as the policy allows, at least 1."""
         keep = 1
         for s in worker.sources:
-            keep = max(keep, int(s.prefill_positions(prompt_len) or 0))
-        return max(1, min(int(worker.policy.prefill_positions(prompt_len, keep)), keep, prompt_len))
+            keep = max(keep, int(call_component("source", s, "prefill_positions", prompt_len) or 0))
+        wanted = call_component("policy", worker.policy, "prefill_positions", prompt_len, keep)
+        return max(1, min(int(wanted), keep, prompt_len))
 
     def _steps(self, worker: _Worker, ids, prompt_ids, keep: int, max_new_tokens: int, stops, rule, streamer,
                tally: _Tally) -> tuple[list[int], str]:
         """The prefill, then commit -> draft -> verify until a stop: the new tokens and why decoding stopped."""
         verifier = worker.verifier
-        v = verifier.prefill(ids, keep=keep) if _takes_keep(verifier) else verifier.prefill(ids)
+        if _takes_keep(verifier):
+            v = call_component("verifier", verifier, "prefill", ids, keep=keep)
+        else:
+            v = call_component("verifier", verifier, "prefill", ids)
+        _check_pass(verifier, v, "prefill")
         tally.forwards = 1
         # a verifier may defer the prefill's other logit rows (Verified.rest): the sources observe the
         # prefill just before the first draft, with every row, or at the end with the last row only when
@@ -483,7 +491,14 @@ class Decoder:
             if deferred is not None:
                 # the deferred rows' LM head is prefill work, timed by the verifier as prefill_forward:
                 # only the sources' harvest counts as observe (or the profile counts it twice)
-                full = deferred.rest()
+                try:
+                    full = deferred.rest()
+                except GooseError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the deferred rows are the verifier's prefill
+                    raise VerifierError.raised(verifier.name, "prefill", exc) from exc
+                if full is not None:
+                    _check_pass(verifier, full, "prefill")
                 self._observe(worker, replace(deferred, rest=None) if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk), tally)
                 deferred = None
             tree, draft_s = self._draft(worker, seq, view, len(prompt_ids), max_new_tokens - len(new), rule, tally)
@@ -541,7 +556,8 @@ class Decoder:
         """One forward over the tree; the sources and policy observe it; the tokens it commits (cut at the
         first stop token and at ``room``); the step observers are told."""
         t0 = time.perf_counter()
-        v = worker.verifier.verify(tree)
+        v = call_component("verifier", worker.verifier, "verify", tree)
+        _check_pass(worker.verifier, v, "verify")
         verify_s = time.perf_counter() - t0
         tally.forwards += 1
         self._observe(worker, v, tally)
@@ -559,18 +575,21 @@ class Decoder:
         sources, policy, verifier = worker.sources, worker.policy, worker.verifier
         extra = {}
         for s in sources:
-            if s.stats():
-                extra[s.name] = s.stats()
-        if policy.stats():
-            extra["policy"] = policy.stats()
+            st = call_component("source", s, "stats")
+            if st:
+                extra[s.name] = st
+        st = call_component("policy", policy, "stats")
+        if st:
+            extra["policy"] = st
         if worker.branches is not None:  # successor sources' measured rate at ranks 0, 1, 2
             extra["branch_rates"] = worker.branches.snapshot()
         # the rows the prefill's LM head computed: keep, or 1 where deferred rows were never needed
         extra["prefill_logit_rows"] = int(getattr(verifier, "timers", {}).get("prefill_logit_rows", keep))
-        if verifier.stats():
-            extra["verifier"] = verifier.stats()
+        st = call_component("verifier", verifier, "stats")
+        if st:
+            extra["verifier"] = st
         if hasattr(verifier, "linear_info"):  # tree passes' linear layers, and the packed weights' MiB
-            extra["linear"] = verifier.linear_info()
+            extra["linear"] = call_component("verifier", verifier, "linear_info")
         if rule is not None:
             extra["sampling"] = {"walk": rule.kind, "draws": rule.draws}
         t = tally
@@ -596,18 +615,14 @@ class Decoder:
             try:
                 s.end(out)
             except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
-                err = DraftSourceError(s.name, f"end() raised {type(exc).__name__}: {exc}")
-                err.__cause__ = exc
-                first = first or err
+                first = first or DraftSourceError.raised(s.name, "end", exc)
         policy = worker.policy
         try:
             policy.end(out)
         except GooseError as exc:
             first = first or exc
         except Exception as exc:  # noqa: BLE001
-            err = PluginError(f"Tree policy {policy.name!r} raised in end(): {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            first = first or err
+            first = first or TreePolicyError.raised(policy.name, "end", exc)
         if self.hook is not None:
             try:
                 self.hook.goose_on_generation_end(decoder=self, output=out)
@@ -626,36 +641,39 @@ class Decoder:
         except GooseError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise PluginError(
-                f"Tree policy {policy.name!r} raised in shape(): {type(exc).__name__}: {exc}"
-            ) from exc
+            raise TreePolicyError.raised(policy.name, "shape", exc) from exc
         if tree is None:
             return None
         if not isinstance(tree, DraftTree):
-            raise PluginError(
+            raise TreePolicyError(
+                policy.name,
                 f"Tree policy {policy.name!r} returned {type(tree).__name__}; shape() must return "
-                "a goose.DraftTree or None. Hint: DraftTree.build(tokens, parents, origins)"
+                "a goose.DraftTree or None. Hint: DraftTree.build(tokens, parents, origins)", "shape",
             )
         if tree.num_nodes < 2:
             return None
         if tree.tokens[0] != anchor:
-            raise PluginError(
+            raise TreePolicyError(
+                policy.name,
                 f"Tree policy {policy.name!r} returned a tree rooted at token {tree.tokens[0]}, but "
-                f"the anchor is {anchor}; node 0 must be the anchor (ctx.state.anchor)"
+                f"the anchor is {anchor}; node 0 must be the anchor (ctx.state.anchor)", "shape",
             )
         if tree.num_nodes > self.max_nodes:
-            raise PluginError(
+            raise TreePolicyError(
+                policy.name,
                 f"Tree policy {policy.name!r} returned {tree.num_nodes} nodes, over its limit of "
-                f"{self.max_nodes} at budget {self.budget} (root included; see TreePolicy.max_nodes)"
+                f"{self.max_nodes} at budget {self.budget} (root included; see TreePolicy.max_nodes)", "shape",
             )
         vocab = self.vocab_size
         for i, t in enumerate(tree.tokens):
             if t >= vocab:  # sources' ids were checked as they left them: this one is the policy's
                 by = tree.sources[i] if tree.sources is not None else ()
-                raise PluginError(
+                raise TreePolicyError(
+                policy.name,
                     f"Tree policy {policy.name!r} returned token id {t} at tree node {i} (origin {tree.origins[i]!r}"
                     + (f", credited to {', '.join(by)}" if by else "")
-                    + f"), outside the vocabulary [0, {vocab}). Hint: place only ids the sources proposed."
+                    + f"), outside the vocabulary [0, {vocab}). Hint: place only ids the sources proposed.",
+                    "shape",
                 )
         if max(tree.depths) > max_depth:
             tree = prune(tree, max_depth)
@@ -664,23 +682,35 @@ class Decoder:
     def _observe(self, worker: _Worker, v: Verified, tally: _Tally) -> None:
         """The sources and the policy learn from a pass (timed as ``observe``)."""
         t0 = time.perf_counter()
-        rows, n = int(v.logits.shape[0]), int(v.tokens.shape[0])
-        if rows != n:  # the sources index the logits by the tokens' positions
-            raise PluginError(
-                f"Verifier {worker.verifier.name!r} returned a {v.kind} pass with {rows} logit rows for {n} "
-                f"tokens; a Verified holds one row per token (Verified.logits[i] follows Verified.tokens[i]). "
-                "Hint: slice the tokens and predecessors to the rows the forward computed."
-            )
         for s in worker.sources:
             try:
                 s.observe(v)
             except Exception as exc:  # noqa: BLE001
-                raise DraftSourceError(s.name, f"observe() raised {type(exc).__name__}: {exc}") from exc
-        worker.policy.observe(v)
+                raise DraftSourceError.raised(s.name, "observe", exc) from exc
+        call_component("policy", worker.policy, "observe", v)
         if worker.branches is not None and v.tree is not None:
             tree = v.tree
             worker.branches.book(worker.asked[0], worker.asked[1], tree.tokens, tree.parents, v.path, v.bonus)
         tally.observe_s += time.perf_counter() - t0
+
+
+def _check_pass(verifier: Verifier, v, hook: str) -> None:
+    """What the verifier's ``hook`` (prefill or verify) returned, as the loop reads it: a :class:`Verified` with
+    one logit row per token, or a :class:`VerifierError` naming the verifier and the hook."""
+    if not isinstance(v, Verified):
+        raise VerifierError(
+            verifier.name,
+            f"Verifier {verifier.name!r} returned {type(v).__name__} from {hook}(); it must return a goose.Verified. "
+            "Hint: build the record as GreedyTreeVerifier does (verifiers/greedy.py)", hook,
+        )
+    rows, n = int(v.logits.shape[0]), int(v.tokens.shape[0])
+    if rows != n:  # the sources index the logits by the tokens' positions
+        raise VerifierError(
+            verifier.name,
+            f"Verifier {verifier.name!r} returned a {v.kind} pass with {rows} logit rows for {n} "
+            f"tokens; a Verified holds one row per token (Verified.logits[i] follows Verified.tokens[i]). "
+            "Hint: slice the tokens and predecessors to the rows the forward computed.", hook,
+        )
 
 
 def _takes_keep(verifier) -> bool:

@@ -47,12 +47,52 @@ class InvalidInputError(GooseError, ValueError):
     """A prompt, option or argument to ``generate`` that cannot be served."""
 
 
-class DraftSourceError(GooseError):
+class ComponentError(GooseError):
+    """A component (draft source, tree policy or verifier) raised in one of its methods, or returned what its
+    interface does not allow. ``component`` is its registered name, ``hook`` the method (None where the fault
+    is not one call's), and the component's own exception, where there was one, is chained as ``__cause__``.
+    Catch this to handle any plugin's failure; the subclasses name the role."""
+
+    role = "Component"
+
+    def __init__(self, component: str, message: str, hook: str | None = None):
+        self.component, self.hook = component, hook
+        super().__init__(message)
+
+    @classmethod
+    def raised(cls, component: str, hook: str, exc: BaseException) -> ComponentError:
+        """The error for ``exc`` raised inside ``component.hook()``, with ``exc`` chained."""
+        err = cls(component, f"{cls.role} {component!r} raised in {hook}(): {type(exc).__name__}: {exc}", hook)
+        err.__cause__ = exc
+        return err
+
+
+class DraftSourceError(ComponentError):
     """A draft source raised, or returned something that is not a valid proposal."""
 
-    def __init__(self, source: str, message: str):
+    role = "Draft source"
+
+    def __init__(self, source: str, message: str, hook: str | None = None):
         self.source = source
-        super().__init__(f"Draft source {source!r} failed: {message}")
+        super().__init__(source, f"Draft source {source!r} failed: {message}", hook)
+
+    @classmethod
+    def raised(cls, component: str, hook: str, exc: BaseException) -> DraftSourceError:
+        err = cls(component, f"{hook}() raised {type(exc).__name__}: {exc}", hook)
+        err.__cause__ = exc
+        return err
+
+
+class TreePolicyError(ComponentError, PluginError):
+    """A tree policy raised, or returned a tree the loop cannot verify (not a tree, over its limit, ...)."""
+
+    role = "Tree policy"
+
+
+class VerifierError(ComponentError, PluginError):
+    """A verifier raised, or returned a pass the loop cannot read (logit rows that do not match its tokens)."""
+
+    role = "Verifier"
 
 
 class DecoderBusyError(GooseError, RuntimeError):
@@ -66,3 +106,19 @@ class UnsupportedModelError(GooseError):
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+_ROLE_ERRORS = {"source": DraftSourceError, "policy": TreePolicyError, "verifier": VerifierError}
+
+
+def call_component(role: str, component, hook: str, *args, **kwargs):
+    """``component.<hook>(*args, **kwargs)``, for the loop and ``compose``: a :class:`GooseError` it raises goes
+    through as raised (it says what is wrong already); any other exception comes back as the role's
+    :class:`ComponentError` (``role``: "source", "policy" or "verifier") naming the component and the hook, with
+    the exception chained."""
+    try:
+        return getattr(component, hook)(*args, **kwargs)
+    except GooseError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the component's name and the hook
+        raise _ROLE_ERRORS[role].raised(getattr(component, "name", "") or type(component).__name__, hook, exc) from exc

@@ -29,28 +29,35 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Options(BaseModel):
-    """Base class of every component's options: unknown fields are an error, and an integer option takes an
-    integer only (``True`` or ``3.0`` for an int option is refused, not turned into 1 or 3)."""
+    """Base class of every component's options: unknown fields are an error, an integer option takes an
+    integer only (``True`` or ``3.0`` for an int option is refused, not turned into 1 or 3), and a ``bool``
+    option takes ``True`` or ``False`` only (``"yes"``, ``"false"`` or ``1`` is refused, not read as a bool)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @field_validator("*", mode="before")
     @classmethod
-    def _ints_are_ints(cls, v, info):
+    def _strict_scalars(cls, v, info):
         field_info = cls.model_fields.get(info.field_name)
-        if field_info is not None and isinstance(v, (bool, float)) and _takes_int(field_info.annotation):
-            if not (isinstance(v, float) and _takes_float(field_info.annotation)):
+        if field_info is None or v is None:
+            return v
+        annotation = field_info.annotation
+        if _takes(annotation, bool) and not isinstance(v, bool) and not _takes_other_than(annotation, bool):
+            raise ValueError(f"True or False is required, got {v!r} ({type(v).__name__})")
+        if isinstance(v, (bool, float)) and _takes(annotation, int):
+            if not (isinstance(v, float) and _takes(annotation, float)):
                 raise ValueError(f"an integer is required, got {v!r} ({type(v).__name__})")
         return v
 
 
-def _takes_int(annotation) -> bool:
-    """Whether an option's type is ``int`` or a union holding ``int`` (``int | None``)."""
-    return annotation is int or int in get_args(annotation)
+def _takes(annotation, kind: type) -> bool:
+    """Whether an option's type is ``kind`` or a union holding it (``int | None``)."""
+    return annotation is kind or kind in get_args(annotation)
 
 
-def _takes_float(annotation) -> bool:
-    return annotation is float or float in get_args(annotation)
+def _takes_other_than(annotation, kind: type) -> bool:
+    """Whether a union type admits values other than ``kind`` and None (``bool | str``: a string is allowed)."""
+    return any(a is not kind and a is not type(None) for a in get_args(annotation))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,7 +382,9 @@ class DraftContext:
             try:
                 ids, scores = s.successors(token, prev)
             except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
-                raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {exc!r}") from exc
+                err = DraftSourceError(s.name, f"successors({token}, {prev}) raised {type(exc).__name__}: {exc}",
+                                       "successors")
+                raise err from exc
             if len(ids) or len(scores):
                 ids, scores = check_successors(s.name, token, ids, scores, self.vocab_size)
                 out.append((s.name, ids, scores))
@@ -401,7 +410,7 @@ def call_source(src: DraftSource, state: DraftState, vocab_size: int | None = No
     try:
         prop = src.propose(state)
     except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
-        raise DraftSourceError(src.name, f"propose() raised {type(exc).__name__}: {exc}") from exc
+        raise DraftSourceError.raised(src.name, "propose", exc) from exc
     if prop is None:
         return None
     if not isinstance(prop, Proposal):

@@ -8,7 +8,8 @@ Environment:
     GOOSE_PLUGINS=name1,name2         load only these entry points (allow-list)
 
 One bad plugin never breaks the others: an installed entry point that fails to load, implements
-an unknown hook, or registers a malformed component (not a subclass, abstract, nameless, bad
+an unknown hook, defines a ``goose_*`` function without ``@goose.hookimpl`` (which pluggy would never
+call), or registers a malformed component (not a subclass, abstract, nameless, bad
 options, a duplicate name, or a registration hook that raises) is left out whole, with a
 :class:`PluginWarning` that says why; :func:`broken_plugins` and ``goose plugins`` list it, and
 composing one of its names says so. A plugin registered at run time with :func:`register_plugin`
@@ -176,6 +177,11 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
             _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r} failed to load: "
                        f"{type(exc).__name__}: {exc}. Fix or uninstall it, or set {ENV_DISABLE}=1.")
             continue
+        unmarked = _unmarked_hooks(pm, plugin)
+        if unmarked:
+            _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r}: "
+                       + _unmarked_message(ep.name, unmarked))
+            continue
         try:
             pm.register(plugin, name=ep.name)
             pm.check_pending()
@@ -186,6 +192,30 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
                        f"Known hooks: {_known_hooks()}.")
             continue
         _origins[ep.name] = f"entry point {ep.value} ({dist})"
+
+
+def _unmarked_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    """The plugin's ``goose_*`` callables that lack ``@goose.hookimpl``: pluggy would pass over them in silence,
+    so a hook its author meant to implement would never run."""
+    out = []
+    for attr in sorted(dir(plugin)):
+        if not attr.startswith("goose_"):
+            continue
+        try:
+            value = getattr(plugin, attr)
+        except Exception:  # noqa: BLE001 - a property that raises is not a hook
+            continue
+        if callable(value) and pm.parse_hookimpl_opts(plugin, attr) is None:
+            out.append(attr)
+    return out
+
+
+def _unmarked_message(pname: str, unmarked: list[str]) -> str:
+    known = {n for n in dir(hookspecs) if n.startswith("goose_")}
+    what = ", ".join(f"{m}()" + ("" if m in known else " (not a Goose hook either)") for m in unmarked)
+    return (f"Plugin {pname!r} defines {what} without @goose.hookimpl, so pluggy would never call "
+            f"{'it' if len(unmarked) == 1 else 'them'}. Hint: decorate each hook with @goose.hookimpl (known hooks: "
+            f"{_known_hooks()}), or rename a helper so that it does not start with 'goose_'.")
 
 
 def register_plugin(plugin: object, name: str | None = None) -> None:
@@ -206,6 +236,9 @@ def _register_plugin(plugin: object, name: str | None) -> None:
             f"A plugin named {name!r} is registered already ({_origins.get(name, '?')}). "
             f"Hint: goose.unregister_plugin({name!r}) first, or pick another name."
         )
+    unmarked = _unmarked_hooks(pm, plugin)
+    if unmarked:
+        raise PluginError(_unmarked_message(name or pm.get_canonical_name(plugin), unmarked))
     try:
         pm.register(plugin, name=name)
     except pluggy.PluginValidationError as exc:  # pluggy leaves nothing registered here
@@ -433,6 +466,17 @@ def build_component(kind: str, spec, base: type, extra_options: Mapping | None):
     opts = None
     if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
         spec, opts = spec
+        if opts is not None and not isinstance(opts, Mapping):
+            raise InvalidInputError(
+                f"options for {kind} {spec!r} must be a dict of option names to values, got {type(opts).__name__} "
+                f"{opts!r}. Hint: ({spec!r}, {{'option': value}}); `goose plugins` lists each component's options"
+            )
+    if extra_options is not None and not isinstance(extra_options, Mapping):
+        name = spec if isinstance(spec, str) else getattr(spec, "name", spec)
+        raise InvalidInputError(
+            f"options for {kind} {name!r} must be a dict of option names to values, got "
+            f"{type(extra_options).__name__} {extra_options!r}. Hint: {{'option': value}}"
+        )
     if not isinstance(spec, str):
         raise InvalidInputError(
             f"a {kind} is given by name (str), (name, options) or a goose.{base.__name__} instance; "
