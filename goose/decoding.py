@@ -21,7 +21,7 @@ from goose.errors import (
     call_component,
 )
 from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TokenView, TreePolicy, Verified, Verifier
-from goose.tree import DraftTree
+from goose.tree import ROOT, DraftTree
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,10 @@ class Stats:
     generated_tokens: int
     forward_passes: int  # target forwards, prefill included
     steps: int  # verification cycles after the prefill
-    per_source: dict  # {source name: {"drafted": int, "accepted": int}}: a node two sources proposed counts for both
+    # {source name: {"proposed": int, "drafted": int, "accepted": int}}: tokens the source offered (its proposals'
+    # tokens and its successors' ids, as the policy asked), placed in verified trees, and accepted; a node two
+    # sources proposed counts for both
+    per_source: dict
     routes: dict  # {route: cycles}
     accept_lengths: tuple[int, ...]  # accepted draft tokens per cycle
     time_s: dict  # {"draft": s (sources + tree shaping), "sources": s, "verify": s, "observe": s, "total": s}
@@ -133,6 +136,7 @@ class _Tally:
 
     forwards: int = 0
     steps: int = 0
+    proposed: Counter = field(default_factory=Counter)  # by source name: tokens offered to the policy
     drafted: Counter = field(default_factory=Counter)  # by source name
     accepted: Counter = field(default_factory=Counter)
     o_drafted: Counter = field(default_factory=Counter)  # by origin
@@ -144,6 +148,16 @@ class _Tally:
     sources_s: float = 0.0
     verify_s: float = 0.0
     observe_s: float = 0.0
+
+    def offered(self, ctx: DraftContext) -> None:
+        """What each source offered the policy this step: its proposal's tokens, and the ids of every successor
+        answer the policy asked of it."""
+        for name, prop in ctx._proposals.items():
+            if prop is not None:
+                self.proposed[name] += len(prop.tokens)
+        for answers in ctx.asked.values():
+            for name, ids, _ in answers:
+                self.proposed[name] += len(ids)
 
     def count(self, tree: DraftTree, v: Verified, verify_s: float) -> None:
         """A verified tree: every drafted node, every accepted one, its route and its time."""
@@ -545,6 +559,7 @@ class Decoder:
             tree = self._shape(worker.policy, ctx, anchor, max_depth)
             worker.asked = (ctx.asked, state.prev_anchor)
             tally.sources_s += ctx.source_s
+            tally.offered(ctx)
         if tree is None:
             tree = DraftTree.single(anchor)
         draft_s = time.perf_counter() - t0
@@ -596,7 +611,8 @@ class Decoder:
         stats = Stats(
             len(prompt_ids), len(new), t.forwards, t.steps,
             # every composed source, with zeros where it drafted nothing ("was my source consulted?")
-            {o: {"drafted": t.drafted[o], "accepted": t.accepted[o]} for o in sorted({*t.drafted, *(s.name for s in sources)})},
+            {o: {"proposed": t.proposed[o], "drafted": t.drafted[o], "accepted": t.accepted[o]}
+             for o in sorted({*t.drafted, *(s.name for s in sources)})},
             dict(t.routes), tuple(t.accept_lengths),
             {"draft": t.draft_s, "sources": t.sources_s, "verify": t.verify_s, "observe": t.observe_s,
              "total": time.perf_counter() - t_start},
@@ -651,7 +667,10 @@ class Decoder:
                 "a goose.DraftTree or None. Hint: DraftTree.build(tokens, parents, origins)", "shape",
             )
         if tree.num_nodes < 2:
-            return None
+            # an ordinary step; the chains a policy laid out (meta["chains"]) go with it, so that the policy can
+            # book them against the step's token (policies/merge.py SourceRates.observe)
+            chains = tree.meta.get("chains")
+            return None if not chains else DraftTree((anchor,), (-1,), (ROOT,), None, "single", {"chains": chains})
         if tree.tokens[0] != anchor:
             raise TreePolicyError(
                 policy.name,

@@ -11,9 +11,11 @@ depth d >= 2 held given depth d - 1 held. :func:`measure` replays each prompt's 
 the source at every position what it proposes from the prompt and the tokens before; :func:`summarize`
 turns those proposals into tiers (the Wilson score lower bound of each rate: pessimistic where the
 trials are few). ``goose tiers --source NAME`` does both on a model and writes the record (:func:`save`);
-:func:`load` finds it again by the source's name and ``DraftSource.version``: first in the user store
-(``$GOOSE_TIERS_DIR``, default ``~/.cache/goose/tiers``), then in the files shipped in
-``goose/data/tiers/``. Files are named ``<source>@<version>.json``.
+:func:`load` finds it again by the source's name, its ``DraftSource.version`` and the model
+(:func:`model_key`: what a source's proposals are worth depends on the model that verifies them): first in
+the user store (``$GOOSE_TIERS_DIR``, default ``~/.cache/goose/tiers``), then in the files shipped in
+``goose/data/tiers/``. Files are named ``<source>@<version>@<model>.json``; a model with no file of its own
+starts every chain at the policies' pessimistic prior. :func:`for_sources` is the lookup every policy uses.
 
 The record a file holds::
 
@@ -25,8 +27,8 @@ The record a file holds::
      "z": 1.2816}
 
 (``measured``: the raw rates and counts behind each tier, a tier with no trials reported with zeros and
-left out of ``tiers``; ``options``: what the source was built with, for the reader: tiers are looked up by
-name and version only.)
+left out of ``tiers``; ``model``: the :func:`model_key` of the model measured on; ``options``: what the
+source was built with, for the reader: tiers are looked up by name, version and model only.)
 """
 
 from __future__ import annotations
@@ -70,37 +72,88 @@ def shipped_dir() -> Path:
     return Path(__file__).resolve().parent / "data" / "tiers"
 
 
-def file_name(source: str, version) -> str:
-    """``<source>@<version>.json``; a name or version that would leave the folder is refused."""
+def model_key(model) -> str:
+    """What measured tiers are stored under for ``model`` (a model, or a key already): the folder's name for a
+    model loaded from a local folder (``goose models`` folders are named after the registry: ``smollm2``), the
+    hub id with ``/`` as ``--`` for one loaded by id, else the architecture and its sizes
+    (``ToyCausalLM-v16``). Characters other than letters, digits, ``.``, ``_`` and ``-`` become ``-``."""
+    if isinstance(model, str):
+        key = model
+    else:
+        cfg = getattr(model, "config", None)
+        where = str(getattr(cfg, "name_or_path", "") or getattr(cfg, "_name_or_path", "") or "")
+        if where:
+            path = Path(where).expanduser()
+            key = path.name if (path.is_absolute() or path.exists()) else where.replace("/", "--")
+        else:
+            text = getattr(cfg, "get_text_config", lambda **k: cfg)(decoder=True) if cfg is not None else None
+            parts = [getattr(cfg, "model_type", "") or type(model).__name__]
+            for attr, tag in (("vocab_size", "v"), ("hidden_size", "h"), ("num_hidden_layers", "l")):
+                value = getattr(text, attr, None)
+                if isinstance(value, int):
+                    parts.append(f"{tag}{value}")
+            key = "-".join(parts)
+    key = "".join(c if c.isalnum() or c in "._-" else "-" for c in key.strip()).lstrip(".")
+    if not key:
+        raise InvalidInputError(
+            f"tiers are stored per model, and {model!r} gives no name to store them under. Allowed: a model "
+            "with a config (its name_or_path or model_type), or a non-empty key. Hint: load('pld', '1', 'smollm2')"
+        )
+    return key
+
+
+def file_name(source: str, version, model=None) -> str:
+    """``<source>@<version>@<model>.json`` (``<source>@<version>.json`` with no model: files written before
+    tiers were kept per model, read only where their record names the model); a name or version that would
+    leave the folder is refused."""
     for what, value in (("source name", source), ("version", version)):
         text = str(value)
         if not text or text.startswith(".") or any(c in text for c in "/\\@\0") or text != text.strip():
             raise InvalidInputError(
                 f"tiers are stored per source name and version; {what} {value!r} cannot name a file. Allowed: "
                 "a non-empty name without '/', '\\', '@', leading '.' or surrounding spaces. Hint: a registered "
-                "source's name and its DraftSource.version, e.g. load('pld', '1')"
+                "source's name and its DraftSource.version, e.g. load('pld', '1', 'smollm2')"
             )
-    return f"{source}@{version}.json"
+    return f"{source}@{version}.json" if model is None else f"{source}@{version}@{model_key(model)}.json"
 
 
-def load(source: str, version) -> list[tuple[float, float, float]] | None:
-    """The tiers measured for ``source`` at ``version``, highest floor first: the user store's file, else the
-    shipped one; None when neither has one. A malformed file raises :class:`InvalidInputError` naming it.
-    Read afresh on every call (a small file), so a file ``goose tiers`` just wrote is what the next call sees."""
+def load(source: str, version, model) -> list[tuple[float, float, float]] | None:
+    """The tiers measured for ``source`` at ``version`` with ``model`` (a model or a :func:`model_key`), highest
+    floor first: the user store's file, else the shipped one; None when neither has one. A malformed file
+    raises :class:`InvalidInputError` naming it. Read afresh on every call (a small file), so a file
+    ``goose tiers`` just wrote is what the next call sees."""
+    key = model_key(model)
     try:
-        name = file_name(source, version)
+        names = (file_name(source, version, key), file_name(source, version))
     except InvalidInputError:
         return None  # a name no file can carry: nothing was ever stored for it
     for folder in (store_dir(), shipped_dir()):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            _bad(path, source, f"it is not readable JSON ({exc})")
-        return check_record(record, source, str(version), path)
+        for name in names:
+            path = folder / name
+            if not path.is_file():
+                continue
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                _bad(path, source, f"it is not readable JSON ({exc})")
+            if name == names[1] and (not isinstance(record, dict) or model_key(str(record.get("model", ""))
+                                                                             or "?") != key):
+                continue  # an older file, measured on another model (or none named)
+            return check_record(record, source, str(version), path, key)
     return None
+
+
+def for_sources(sources, model) -> dict[str, list[tuple[float, float, float]]]:
+    """``{name: tiers}`` of every chain source among ``sources`` that has tiers measured with ``model``: the one
+    lookup the policies use (``spine``, ``chain``, ``iso3``, ``spine-fit``; a successor-only source has none)."""
+    out = {}
+    for s in sources:
+        if not proposes_chains(type(s)):
+            continue
+        found = load(s.name, getattr(s, "version", "1"), model)
+        if found:
+            out[s.name] = found
+    return out
 
 
 def _bad(path, source: str, what: str):
@@ -111,13 +164,20 @@ def _bad(path, source: str, what: str):
     )
 
 
-def check_record(record, source: str, version: str, path="(record)") -> list[tuple[float, float, float]]:
+def check_record(record, source: str, version: str, path="(record)", model: str | None = None
+                 ) -> list[tuple[float, float, float]]:
     """The tiers of a record (see the module docstring) as (floor, p_1, p_deeper) tuples, or an
     :class:`InvalidInputError` naming ``path``, what is wrong, and a hint."""
     if not isinstance(record, dict):
         _bad(path, source, f"it holds a {type(record).__name__}, not a JSON object")
-    for key, want in (("source", source), ("version", version)):
-        if key in record and str(record[key]) != want:
+    looked_up = [("source", source), ("version", version)]
+    if model is not None and "model" in record:
+        looked_up.append(("model", model))
+    for key, want in looked_up:
+        if key not in record:
+            continue
+        got = model_key(str(record[key]) or "?") if key == "model" else str(record[key])
+        if got != want:
             _bad(path, source, f"its {key!r} is {record[key]!r}, but the file is looked up as {key} {want!r}")
     tiers = record.get("tiers")
     if not isinstance(tiers, list):
@@ -135,16 +195,17 @@ def check_record(record, source: str, version: str, path="(record)") -> list[tup
 
 
 def save(record: dict, path=None) -> Path:
-    """Write ``record`` (checked first) to ``path``, default the user store's ``<source>@<version>.json``;
+    """Write ``record`` (checked first) to ``path``, default the user store's ``<source>@<version>@<model>.json``;
     atomically (a temporary file in the same folder, then renamed over the old one)."""
-    if not isinstance(record, dict) or "source" not in record or "version" not in record:
+    if not isinstance(record, dict) or any(k not in record for k in ("source", "version", "model")):
         raise InvalidInputError(
-            f"a tiers record is a dict with at least \"source\", \"version\" and \"tiers\"; got {record!r:.200}. "
-            "Hint: the record goose tiers builds (goose.tiers module docstring)"
+            f"a tiers record is a dict with at least \"source\", \"version\", \"model\" and \"tiers\"; got "
+            f"{record!r:.200}. Hint: the record goose tiers builds (goose.tiers module docstring); \"model\" is "
+            "goose.tiers.model_key(model)"
         )
-    source, version = str(record["source"]), str(record["version"])
-    check_record(record, source, version, path or file_name(source, version))
-    path = Path(path) if path is not None else store_dir() / file_name(source, version)
+    source, version, model = str(record["source"]), str(record["version"]), model_key(str(record["model"]))
+    check_record(record, source, version, path or file_name(source, version, model), model)
+    path = Path(path) if path is not None else store_dir() / file_name(source, version, model)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

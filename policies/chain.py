@@ -39,7 +39,10 @@ class ChainPolicy(TreePolicy):
         return frozenset({self.options.source}) if self.options.source else None
 
     def bind(self, sources) -> None:
-        load_tiers(self.rates, sources)
+        self._sources = tuple(sources)
+
+    def attach(self, model) -> None:
+        load_tiers(self.rates, getattr(self, "_sources", ()), model)
 
     def begin(self, request) -> None:
         self.rates.begin(fresh=request is None)

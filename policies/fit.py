@@ -236,17 +236,18 @@ class FitPolicy(TreePolicy):
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
         self.inner.bind(sources)
-        if self.options.source_priors is None:  # the tiers `goose tiers` stored for each chain source
-            from goose import tiers
-
-            found = {s.name: tiers.load(s.name, getattr(s, "version", "1")) for s in sources}
-            self._set_priors({name: sorted(t, key=lambda x: -x[0]) for name, t in found.items() if t})
+        self._sources = tuple(sources)
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         return self.inner.consulted(sources)
 
     def attach(self, model) -> None:
         self.inner.attach(model)
+        if self.options.source_priors is None:  # the tiers `goose tiers` stored for each chain source with this model
+            from goose import tiers
+
+            found = tiers.for_sources(getattr(self, "_sources", ()), model)
+            self._set_priors({name: sorted(t, key=lambda x: -x[0]) for name, t in found.items()})
         if self.curve is None:
             from goose.latency import curve_for
 
@@ -389,7 +390,9 @@ class FitPolicy(TreePolicy):
             worst = (t[best_m + 1] if best_m + 1 < len(t) else self.curve(best_m + 1)) * rt - t[1] * r1
             if self.streak < self.options.explore_every or not self._may_explore(worst):
                 c["fallback_steps"] += 1
-                return None
+                # the anchor alone, carrying the chains laid out: the plain step's token books each one's depth 1
+                # (a source that is right but not yet trusted earns its way in; one that is wrong loses its tier)
+                return tree.subtree([0]) if tree.meta.get("chains") else None
             c["explore_steps"] += 1
             self._kind = "explore"
         self.streak = 0

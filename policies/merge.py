@@ -203,14 +203,13 @@ class SourceRates:
 TRUST_MIN = 0.2  # the depth-1 rate below which a (source, tier)'s confidence buys nothing (policies' trust_min)
 
 
-def load_tiers(rates: SourceRates, sources: Sequence[DraftSource]) -> None:
-    """Give ``rates`` every source's measured confidence tiers (``goose tiers``; goose.tiers.load by the
-    source's name and version), where it has any."""
+def load_tiers(rates: SourceRates, sources: Sequence[DraftSource], model) -> None:
+    """Give ``rates`` every chain source's confidence tiers measured with ``model`` (``goose tiers``;
+    :func:`goose.tiers.for_sources`), where it has any."""
     from goose import tiers
 
-    for s in sources:
-        if not s.provides_successors or type(s).propose is not DraftSource.propose:
-            rates.set_tiers(s.name, tiers.load(s.name, getattr(s, "version", "1")))
+    for name, found in tiers.for_sources(sources, model).items():
+        rates.set_tiers(name, found)
 
 
 def chain_sources(sources: Sequence[DraftSource]) -> tuple[str, ...]:
@@ -454,8 +453,12 @@ class MergingPolicy(TreePolicy):
         forced = self.options.spine_source
         self._spine = resolve_spine_source(self.name, forced, sources) if forced else None
         self._chains = chain_sources(sources)
-        load_tiers(self.rates, sources)
+        self._sources = tuple(sources)
         self._bound = True
+
+    def attach(self, model) -> None:
+        """The model is known: every chain source's rates start at the tiers measured with it."""
+        load_tiers(self.rates, getattr(self, "_sources", ()), model)
 
     def trusted(self, drafted: Drafted | None) -> float:
         """The confidence ``drafted`` may spend (extension, spine share, bypass): :meth:`SourceRates.trusted`

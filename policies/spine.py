@@ -440,8 +440,7 @@ class BypassPolicy(TreePolicy):
         o = self.options
         self._spine = resolve_spine_source(self.name, o.spine_source, sources) if o.spine_source else None
         self._chains = (self._spine,) if self._spine else chain_sources(sources)
-        if not hasattr(self.inner, "lay_out"):  # its own rates decide only around a policy that does not merge chains
-            load_tiers(self.rates, sources)
+        self._sources = tuple(sources)
         self.inner.bind(sources)
         self._bound = True
 
@@ -453,6 +452,8 @@ class BypassPolicy(TreePolicy):
         return inner | ({o.spine_source} if o.spine_source else {s.name for s in sources if not s.provides_successors})
 
     def attach(self, model) -> None:
+        if not hasattr(self.inner, "lay_out"):  # its own rates decide only around a policy that does not merge chains
+            load_tiers(self.rates, getattr(self, "_sources", ()), model)
         self.inner.attach(model)
 
     def max_nodes(self, budget: int) -> int:

@@ -291,3 +291,91 @@ def test_an_installed_plugin_whose_hook_lacks_hookimpl_is_left_out_with_a_warnin
         names = goose.get_registry().names("source")
     assert "unmarked-echo" not in names and "pld" in names
     assert "unmarked" in goose.broken_plugins()
+
+
+# -- what a source offered, and how a user chain source earns its share -----------------------------
+class OracleChain(goose.DraftSource):
+    """A user chain source that is always right on the toy model (its greedy continuation), ``length`` tokens."""
+
+    name = "oracle-chain"
+
+    def __init__(self, length=8, confidence=0.0):
+        super().__init__()
+        self.length, self.confidence, self.offered = length, confidence, 0
+
+    def propose(self, state):
+        from goose.testing.toy import reference_next
+
+        seq, out = list(state.tokens), []
+        for _ in range(self.length):
+            out.append(reference_next(seq + out, 16))
+        self.offered += len(out)
+        return goose.Proposal.chain(self.name, out, confidence=self.confidence)
+
+
+class Liar(goose.DraftSource):
+    """A chain source whose measured tiers say it is right 95 % of the time, and that is always wrong."""
+
+    name = "liar"
+
+    def propose(self, state):
+        from goose.testing.toy import reference_next
+
+        seq, out = list(state.tokens), []
+        for _ in range(12):
+            out.append((reference_next(seq + out, 16) + 1) % 16)
+        return goose.Proposal.chain(self.name, out, confidence=1.0)
+
+
+def test_per_source_counts_what_each_source_proposed_beside_drafted_and_accepted():
+    """``proposed`` is every token a source offered the policy (a chain's tokens, a successor answer's ids),
+    ``drafted`` what the trees placed of it: a chain of 8 under a 4-node budget proposes 8 a step, drafts 3."""
+    model = ToyCausalLM()
+    src = OracleChain(8)
+    offered_ids = []
+    dec = goose.compose(model, None, sources=[src, "tr"], policy="spine", budget=4)
+    tr = dec._idle[0].sources[1]
+    inner = tr.successors
+
+    def counting(token, prev):
+        ids, scores = inner(token, prev)
+        offered_ids.append(len(ids))
+        return ids, scores
+
+    tr.successors = counting
+    out = dec.generate(PROMPT, max_new_tokens=40)
+    per = out.stats.per_source
+    assert per["oracle-chain"]["proposed"] == src.offered > 0
+    assert per["tr"]["proposed"] == sum(offered_ids) > 0
+    for name, d in per.items():
+        assert d["proposed"] >= d["drafted"] >= d["accepted"], (name, d)
+    assert per["oracle-chain"]["drafted"] < per["oracle-chain"]["proposed"], "the budget cut no chain: a weak check"
+    assert out.stats.to_dict()["per_source"] == per
+
+
+@pytest.mark.parametrize("policy,options", [
+    ("spine", None), ("chain", None), ("iso3", None),
+    ("spine-fit", {"latency": {1: 1.0, 2: 1.3, 4: 1.6, 8: 2.2, 16: 3.5, 128: 20.0}}),
+])
+def test_a_reliable_user_chain_source_earns_the_spine_from_a_source_with_better_priors(policy, options, tmp_path, monkeypatch):
+    """The user's source starts at the pessimistic prior (no measured tiers); beside it a source whose tiers
+    (as `goose tiers` writes them) promise 95 %, and which is always wrong. Every chain laid out is booked
+    against the target's tokens, so within one generation the reliable source's rate rises past its prior and
+    the liar's falls, and the reliable source leads: its tokens are most of what is generated."""
+    from goose import tiers
+
+    monkeypatch.setenv("GOOSE_TIERS_DIR", str(tmp_path))
+    tiers.save({"source": "liar", "version": "1", "model": tiers.model_key(ToyCausalLM()),
+                "tiers": [[1.0, 0.95, 0.95]]})
+    model = ToyCausalLM()
+    dec = goose.compose(model, None, sources=[Liar(), OracleChain(8), "tr"], policy=policy, policy_options=options)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    ref = goose.greedy(model).generate(prompt, max_new_tokens=60).token_ids
+    outs = [dec.generate(prompt, max_new_tokens=60) for _ in range(2)]
+    assert all(o.token_ids == ref for o in outs)
+    first, second = outs
+    rates = second.stats.extra["policy"]["source_rates"]
+    assert rates["oracle-chain^0"][0] > 0.5 > rates["liar^1"][0], rates
+    assert second.stats.per_source["oracle-chain"]["accepted"] >= 40, second.stats.per_source
+    assert second.stats.per_source["liar"]["accepted"] == 0
+    assert second.stats.forward_passes <= 20, second.stats.forward_passes

@@ -174,7 +174,7 @@ def test_an_integer_option_takes_an_integer_only(value):
 def test_per_source_lists_every_composed_source_with_zeros():
     silent = Ending("silent")
     out = goose.compose(ToyCausalLM(V), None, sources=["pld", "tr", silent], policy="spine").generate(PROMPT, max_new_tokens=12)
-    assert out.stats.per_source["silent"] == {"drafted": 0, "accepted": 0}
+    assert out.stats.per_source["silent"] == {"proposed": 0, "drafted": 0, "accepted": 0}
     assert {"pld", "tr", "silent"} <= set(out.stats.per_source)
 
 

@@ -100,26 +100,70 @@ def record(source="mine", version="1", ts=((1.0, 0.8, 0.9), (0.5, 0.4, 0.85))):
 
 
 def test_save_then_load_round_trips_through_the_user_store(store):
-    assert tiers.load("mine", "1") is None
+    assert tiers.load("mine", "1", "toy") is None
     path = tiers.save(record())
-    assert path == store / "mine@1.json" and not list(store.glob("*.tmp"))
-    assert tiers.load("mine", "1") == [(1.0, 0.8, 0.9), (0.5, 0.4, 0.85)]
-    assert tiers.load("mine", "2") is None  # another version: measured apart
+    assert path == store / "mine@1@toy.json" and not list(store.glob("*.tmp"))
+    assert tiers.load("mine", "1", "toy") == [(1.0, 0.8, 0.9), (0.5, 0.4, 0.85)]
+    assert tiers.load("mine", "2", "toy") is None  # another version: measured apart
+    assert tiers.load("mine", "1", "smollm2") is None  # another model: measured apart
     # a file written again is read again (nothing stale)
     tiers.save(record(ts=((0.9, 0.1, 0.2),)))
-    assert tiers.load("mine", "1") == [(0.9, 0.1, 0.2)]
+    assert tiers.load("mine", "1", "toy") == [(0.9, 0.1, 0.2)]
+
+
+def test_tiers_are_kept_per_model(store):
+    """The same source and version measured on two models: each model reads its own, a third none; a model
+    object is looked up by its key; an older file without the model in its name is read for the model it names."""
+    tiers.save(record(ts=((1.0, 0.8, 0.9),)))
+    tiers.save({**record(ts=((1.0, 0.3, 0.6),)), "model": "smollm2"})
+    assert tiers.load("mine", "1", "toy") == [(1.0, 0.8, 0.9)]
+    assert tiers.load("mine", "1", "smollm2") == [(1.0, 0.3, 0.6)]
+    assert tiers.load("mine", "1", "qwen2.5-coder-1.5b") is None
+    toy = ToyCausalLM(VOCAB)
+    tiers.save({**record(ts=((1.0, 0.7, 0.7),)), "model": tiers.model_key(toy)})
+    assert tiers.load("mine", "1", toy) == [(1.0, 0.7, 0.7)]
+    (store / "old@1.json").write_text(json.dumps({**record("old"), "model": "smollm2"}))
+    assert tiers.load("old", "1", "smollm2") == [(1.0, 0.8, 0.9), (0.5, 0.4, 0.85)]
+    assert tiers.load("old", "1", "toy") is None
+
+
+def test_the_model_key(tmp_path):
+    from types import SimpleNamespace
+
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    by = lambda where: SimpleNamespace(config=SimpleNamespace(name_or_path=where))  # noqa: E731
+    assert tiers.model_key(by(str(folder))) == "smollm2"  # a local folder: its name
+    assert tiers.model_key(by("HuggingFaceTB/SmolLM2-135M-Instruct")) == "HuggingFaceTB--SmolLM2-135M-Instruct"
+    assert tiers.model_key(ToyCausalLM(16)) != tiers.model_key(ToyCausalLM(32))  # no path: the architecture's sizes
+    assert tiers.model_key("my model") == "my-model"
+    with pytest.raises(InvalidInputError, match="gives no name"):
+        tiers.model_key("")
+
+
+def test_a_policy_reads_the_tiers_of_the_model_it_is_composed_on(store):
+    """spine-fit and the merging policies start pld at the tiers measured with this model, and at the prior
+    on a model with none."""
+    model = ToyCausalLM(VOCAB)
+    key = tiers.model_key(model)
+    tiers.save({**record("pld", "1", ((1.0, 0.9, 0.95),)), "model": key})
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", policy_options={"latency": {1: 1.0, 128: 1.0}})
+    assert dec.policy.priors == {"pld": [(1.0, 0.9, 0.95)]}
+    assert dec.policy.inner.inner.rates.starts[("pld", 1.0)] == (0.9, 0.95)
+    other = goose.compose(ToyCausalLM(VOCAB + 1), None, sources=["pld", "tr"], policy="spine")
+    assert other.policy.inner.rates.starts == {}
 
 
 def test_the_user_store_comes_before_the_shipped_file(store):
-    shipped = tiers.load("pld", "1")
-    tiers.save(record("pld", "1", ((1.0, 0.5, 0.5),)))
-    assert tiers.load("pld", "1") == [(1.0, 0.5, 0.5)] != shipped
+    shipped = tiers.load("pld", "1", "smollm2")
+    tiers.save({**record("pld", "1", ((1.0, 0.5, 0.5),)), "model": "smollm2"})
+    assert tiers.load("pld", "1", "smollm2") == [(1.0, 0.5, 0.5)] != shipped
 
 
 def test_save_to_a_path(tmp_path, store):
     path = tiers.save(record(), tmp_path / "elsewhere" / "x.json")
     assert json.loads(path.read_text())["tiers"][0] == [1.0, 0.8, 0.9]
-    assert tiers.load("mine", "1") is None
+    assert tiers.load("mine", "1", "toy") is None
 
 
 @pytest.mark.parametrize("text, what", [
@@ -133,28 +177,28 @@ def test_save_to_a_path(tmp_path, store):
 ])
 def test_a_malformed_file_is_named_with_what_is_wrong(store, text, what):
     store.mkdir(parents=True)
-    (store / "mine@1.json").write_text(text)
+    (store / "mine@1@toy.json").write_text(text)
     with pytest.raises(InvalidInputError) as e:
-        tiers.load("mine", "1")
+        tiers.load("mine", "1", "toy")
     msg = str(e.value)
-    assert "mine@1.json" in msg and what in msg and "goose tiers --source mine" in msg
+    assert "mine@1@toy.json" in msg and what in msg and "goose tiers --source mine" in msg
 
 
 def test_names_that_would_leave_the_folder_are_refused(store):
     for name in ("../x", "a/b", "", ".hidden", "my@src"):
         with pytest.raises(InvalidInputError, match="cannot name a file"):
             tiers.save(record(source=name))
-        assert tiers.load(name, "1") is None  # nothing can have been stored under it: no tiers
+        assert tiers.load(name, "1", "toy") is None  # nothing can have been stored under it: no tiers
     with pytest.raises(InvalidInputError, match="tier 0"):
         tiers.save(record(ts=((2.0, 0.5, 0.5),)))
     assert not store.exists()
 
 
 def test_the_shipped_pld_tiers_load(store):
-    got = tiers.load("pld", goose.get_registry().get("source", "pld").cls.version)
+    got = tiers.load("pld", goose.get_registry().get("source", "pld").cls.version, "smollm2")
     assert [t[0] for t in got] == [1.0, 0.7]
     assert all(0.0 <= x <= 1.0 for t in got for x in t)
-    rec = json.loads((tiers.shipped_dir() / "pld@1.json").read_text())
+    rec = json.loads((tiers.shipped_dir() / "pld@1@smollm2.json").read_text())
     assert rec["source"] == "pld" and rec["model"] == "smollm2" and rec["max_new_tokens"] == 64
 
 
@@ -251,11 +295,12 @@ def test_goose_tiers_measures_and_stores_where_load_finds_it(store, toy_load, ca
     assert not store.exists() and "nothing written" in capsys.readouterr().out
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "| confidence tier |" in out and "p_d, d 3-4" in out and str(store / "pld@1.json") in out
-    rec = json.loads((store / "pld@1.json").read_text())
+    key = tiers.model_key(ToyCausalLM(VOCAB))
+    assert "| confidence tier |" in out and "p_d, d 3-4" in out and str(store / f"pld@1@{key}.json") in out
+    rec = json.loads((store / f"pld@1@{key}.json").read_text())
     assert rec["source"] == "pld" and rec["version"] == "1" and rec["options"]["max_chain"] == 8
-    assert rec["datasets"] == "demo@3" and rec["model"] == "toy" and len(rec["measured"]) == 3
-    assert tiers.load("pld", "1") == [tuple(t) for t in rec["tiers"]]
+    assert rec["datasets"] == "demo@3" and rec["model"] == key and len(rec["measured"]) == 3
+    assert tiers.load("pld", "1", ToyCausalLM(VOCAB)) == [tuple(t) for t in rec["tiers"]]
     assert toy_load == ["toy", "toy"]
 
 

@@ -152,7 +152,8 @@ def summarize(runs: list[Run], methods: list[str]) -> list[dict]:
             draft_s = total_s = 0.0
             for x, _ in mine:
                 for o, d in x.stats.get("per_source", {}).items():
-                    ps = per_source.setdefault(o, {"drafted": 0, "accepted": 0})
+                    ps = per_source.setdefault(o, {"proposed": 0, "drafted": 0, "accepted": 0})
+                    ps["proposed"] += d.get("proposed", 0)
                     ps["drafted"] += d["drafted"]
                     ps["accepted"] += d["accepted"]
                 steps += x.stats.get("steps", 0)
@@ -321,16 +322,17 @@ def verifier_line(rows: list[dict]) -> str | None:
 
 
 def source_lines(rows: list[dict]) -> str | None:
-    """Accepted / drafted tokens of every source, built-in or not, per method over all datasets
-    (a node two sources proposed counts for both)."""
+    """Accepted / drafted tokens of every source, built-in or not, per method over all datasets, and the tokens
+    it proposed (a node two sources proposed counts for both)."""
     lines = []
     for r in rows:
         if r["dataset"] != "ALL" or not r.get("per_source"):
             continue
         parts = [f"{name} {d['accepted']}/{d['drafted']}" + (f" ({d['accepted'] / d['drafted']:.2f})" if d["drafted"] else "")
+                 + (f" of {d['proposed']} proposed" if "proposed" in d else "")
                  for name, d in sorted(r["per_source"].items())]
         lines.append(f"- {r['method']}: " + ", ".join(parts))
-    return "Accepted / drafted tokens by source (ALL):\n\n" + "\n".join(lines) if lines else None
+    return "Accepted / drafted tokens by source, of the tokens it proposed (ALL):\n\n" + "\n".join(lines) if lines else None
 
 
 def report_md(rows: list[dict], runs: list[Run], methods: list[str], prof: list[dict]) -> str:

@@ -5,7 +5,7 @@
 For each prompt, the model's greedy output; at every position of it, what the source proposes from
 the prompt and the tokens before, and how many of its tokens the output continues with. Per tier
 of the source's confidence: p_1 of each prompt's first proposal in that tier and the rate of depth
-d >= 2 given d - 1, stored as Wilson lower bounds in ``<source>@<version>.json`` in the user store
+d >= 2 given d - 1, stored as Wilson lower bounds in ``<source>@<version>@<model>.json`` in the user store
 (``$GOOSE_TIERS_DIR``, default ``~/.cache/goose/tiers``), where :func:`goose.tiers.load` finds them.
 """
 
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     t.add_argument("--floors", default="1.0,0.7", help="tier floors, highest first (a proposal joins the first it reaches)")
     t.add_argument("--threads", type=int, default=2, help="torch threads")
     t.add_argument("--z", type=float, default=1.2816, help="the Wilson lower bound's z (1.2816: one-sided 90 %%)")
-    t.add_argument("--out", default=None, help="write the record here (default: the user store's <source>@<version>.json)")
+    t.add_argument("--out", default=None, help="write the record here (default: the user store's <source>@<version>@<model>.json)")
     t.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     t.set_defaults(func=run)
 
@@ -86,8 +86,10 @@ def _check_args(args) -> None:
         raise InvalidInputError(f"--z {args.z}: must be a finite number >= 0. Hint: --z 1.2816 (one-sided 90 %)")
 
 
-def record_of(src, args, datasets: str, tiers, measured) -> dict:
-    return {"source": src.name, "version": str(type(src).version), "model": args.model, "datasets": datasets,
+def record_of(src, args, datasets: str, tiers, measured, model_key: str | None = None) -> dict:
+    """The record ``goose tiers`` stores: ``model`` is :func:`goose.tiers.model_key` of the model measured on
+    (``args.model`` where none is given), which the policies look tiers up by."""
+    return {"source": src.name, "version": str(type(src).version), "model": model_key or args.model, "datasets": datasets,
             "max_new_tokens": args.max_new_tokens, "options": src.options.model_dump(mode="json"),
             "tiers": [list(t) for t in tiers], "measured": measured, "z": args.z}
 
@@ -134,22 +136,24 @@ def run(args) -> int:
     if args.dry_run:
         print("--dry-run: nothing written")
         return 0
-    path = tiers_mod.save(record_of(src, args, datasets, tiers, measured), args.out)
+    key = tiers_mod.model_key(model)
+    path = tiers_mod.save(record_of(src, args, datasets, tiers, measured, key), args.out)
     print(f"written to {path}")
-    _explain(path, src.name, version)
+    _explain(path, src.name, version, key)
     return 0
 
 
-def _explain(path, name: str, version: str) -> None:
+def _explain(path, name: str, version: str, key: str) -> None:
     from goose import tiers as tiers_mod
 
     here = path.resolve()
-    looked = [d.resolve() / tiers_mod.file_name(name, version) for d in (tiers_mod.store_dir(), tiers_mod.shipped_dir())]
+    looked = [d.resolve() / tiers_mod.file_name(name, version, key) for d in (tiers_mod.store_dir(), tiers_mod.shipped_dir())]
     if here in looked:
         first = "" if here == looked[0] or not looked[0].exists() else f" ({looked[0]} is read before it)"
-        print(f"goose.tiers.load({name!r}, {version!r}) reads it{first}: policies that start a chain's trust at "
-              f"measured tiers (spine-fit's source_priors) start a {name!r} chain of each confidence tier at its "
-              f"(p_1, p_deeper); raise {name}'s DraftSource.version when a change makes these numbers stale")
+        print(f"goose.tiers.load({name!r}, {version!r}, {key!r}) reads it{first}: policies composed on this model "
+              f"(model key {key!r}) start a {name!r} chain of each confidence tier at its (p_1, p_deeper); other "
+              f"models start at the pessimistic prior until measured; raise {name}'s DraftSource.version when a "
+              "change makes these numbers stale")
     else:
         print(f"not where goose.tiers.load looks: copy it to {looked[0]} (the user store, $GOOSE_TIERS_DIR) or "
               f"{looked[1]} (shipped with the package) for policies to find it")
