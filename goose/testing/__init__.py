@@ -15,6 +15,9 @@
   source keeps output identical to greedy decoding.
 - :class:`PolicyLosslessnessKit`: the same for a tree policy, over drawn chain, tree and
   successor sources; every tree it returns checked against its budget, its anchor and its credits.
+- :class:`VerifierLosslessnessKit`: the same for a verifier: its output against greedy and sampled
+  references, every pass's rows against the toy's logits and the greedy walk, deferred prefill rows,
+  and ``end`` once per generation.
 """
 
 from goose.testing.toy import ToyCausalLM, ToySplitLM, reference_greedy, reference_logits, reference_next, reference_sample
@@ -29,6 +32,7 @@ from goose.testing.kit import (
     echo_prompt,
     trees,
 )
+from goose.testing.verifier_kit import PrefillRowsSource, VerifierLosslessnessKit
 
 __all__ = [
     "ToyCausalLM",
@@ -46,5 +50,7 @@ __all__ = [
     "RecallOptions",
     "SourceLosslessnessKit",
     "PolicyLosslessnessKit",
+    "VerifierLosslessnessKit",
+    "PrefillRowsSource",
     "trees",
 ]
