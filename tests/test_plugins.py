@@ -12,7 +12,7 @@ import goose
 import goose.hookspecs
 import goose.manager
 from goose.tools.cli import main as cli_main
-from goose.testing import SourceLosslessnessKit, ToyCausalLM
+from goose.testing import PolicyLosslessnessKit, SourceLosslessnessKit, ToyCausalLM, VerifierLosslessnessKit
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_INSTALLED = importlib.util.find_spec("goose_example_source") is not None
@@ -297,6 +297,42 @@ class TestExamplePluginProject(SourceLosslessnessKit):
     def test_accepts_drafts_on_repetitive_text(self):
         out = self._run([1, 2, 3, 4] * 6, 40, 10, None)
         assert out.stats.per_source.get("last-successor", {}).get("drafted", 0) > 0
+
+
+@pytest.mark.skipif(not EXAMPLE_INSTALLED, reason="pip install ./docs/examples/goose-example-source")
+class TestExamplePolicy(PolicyLosslessnessKit):
+    """The example project's tree policy, installed, through the policy kit."""
+
+    max_examples = 15
+
+    def make_policy(self):
+        return "longest-chain"
+
+    def test_discovered_through_entry_point(self):
+        e = goose.get_registry().get("policy", "longest-chain")
+        assert e.provider == "example" and "goose-example-source" in e.origin
+
+
+@pytest.mark.skipif(not EXAMPLE_INSTALLED, reason="pip install ./docs/examples/goose-example-source")
+class TestExampleVerifier(VerifierLosslessnessKit):
+    """The example project's verifier, installed, through the verifier kit; composed with its policy and
+    sources on the toy, as greedy and with its own statistics."""
+
+    max_examples = 10
+
+    def make_verifier(self):
+        return "tree-sizes"
+
+    def test_discovered_and_composed_with_the_projects_policy_and_sources(self):
+        e = goose.get_registry().get("verifier", "tree-sizes")
+        assert e.provider == "example" and "goose-example-source" in e.origin
+        model = ToyCausalLM()
+        prompt = [1, 2, 3, 4] * 6
+        dec = goose.compose(model, None, sources=["pld", "last-successor"], policy="longest-chain", verifier="tree-sizes")
+        out = dec.generate(prompt, max_new_tokens=30)
+        assert out.token_ids == goose.greedy(model).generate(prompt, max_new_tokens=30).token_ids
+        sizes = out.stats.extra["verifier"]["tree_sizes"]
+        assert sum(sizes.values()) == out.stats.steps and max(sizes) > 1, sizes
 
 
 def test_every_hook_is_tested_and_documented():

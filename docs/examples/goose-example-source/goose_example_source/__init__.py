@@ -1,4 +1,5 @@
-"""An example Goose plugin with two draft sources, one for each role a source can play.
+"""An example Goose plugin with a component in every role: two draft sources (one for each role a source
+can play), a tree policy and a verifier.
 
 - ``last-successor`` (a chain source): it remembers, for every token, the token that followed it
   the last time it was committed, and drafts a chain by following those links from the anchor.
@@ -8,17 +9,29 @@
   frequent followers, best first. A tree policy hangs them as branches; composed with ``tr`` its
   answers merge with token recycling's, ranked by what each has earned (docs/plugins.md).
 
+- ``longest-chain`` (a tree policy): verifies the longest chain any source proposed this step (a tree
+  proposal's first path), cut to the budget, credited to every source that proposed it.
+- ``tree-sizes`` (a verifier): the built-in tree verifier, wrapped; it counts the trees it verified by size
+  (``stats.extra["verifier"]["tree_sizes"]``) and passes the loop's sampling rule on, so it samples too.
+
 Install (``pip install ./docs/examples/goose-example-source``) and use them by name:
 
     goose.compose(model, tok, sources=["last-successor"], policy="chain")
     goose.compose(model, tok, sources=["pld", "tr", "context-bigram"], policy="spine")
+    goose.compose(model, tok, sources=["pld", "last-successor"], policy="longest-chain", verifier="tree-sizes")
+
+Each is checked by Goose's kits (``goose.testing``: SourceLosslessnessKit, PolicyLosslessnessKit,
+VerifierLosslessnessKit) in Goose's tests/test_plugins.py.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pydantic import Field
 
 import goose
+from goose.verifiers.greedy import GreedyTreeVerifier
 
 
 class LastSuccessorOptions(goose.Options):
@@ -90,3 +103,74 @@ class ContextBigramSource(goose.DraftSource):
 def goose_register_sources(register) -> None:
     register(LastSuccessorSource)
     register(ContextBigramSource)
+
+
+class LongestChainPolicy(goose.TreePolicy):
+    """Verify the longest chain any source proposed this step, cut to the budget."""
+
+    name = "longest-chain"
+
+    def shape(self, ctx: goose.DraftContext) -> goose.DraftTree | None:
+        chains = {}
+        for name, prop in ctx.proposals().items():
+            chains.setdefault(prop.first_chain(), []).append(name)
+        if not chains:
+            return None
+        best = max(chains, key=lambda c: (len(c), c))  # ties: the larger tokens, never the order of the sources
+        chain = best[: min(ctx.budget - 1, ctx.state.max_depth)]
+        if not chain:
+            return None
+        by = tuple(sorted(chains[best]))
+        return goose.DraftTree.build((ctx.state.anchor, *chain), range(-1, len(chain)), ("root",) + ("chain",) * len(chain),
+                                     route="longest-chain", sources=((),) + (by,) * len(chain))
+
+
+class CountingVerifier(goose.Verifier):
+    """The built-in tree verifier, wrapped: counts the verified trees by size, and samples as it does."""
+
+    name = "tree-sizes"
+    supports_rules = True
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.inner = GreedyTreeVerifier()
+        self.sizes: Counter = Counter()
+
+    @property
+    def rule(self):
+        return self.inner.rule
+
+    @rule.setter
+    def rule(self, value) -> None:  # the loop sets the request's sampling rule here: the inner verifier walks with it
+        self.inner.rule = value
+
+    def bind(self, model) -> None:
+        super().bind(model)  # vocab_size, max_positions
+        self.inner.bind(model)
+
+    def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
+        self.inner.check_request(prompt_len, max_new_tokens, max_depth)
+
+    def prefill(self, prompt_ids, keep=None) -> goose.Verified:
+        self.sizes = Counter()
+        return self.inner.prefill(prompt_ids, keep)
+
+    def verify(self, tree: goose.DraftTree) -> goose.Verified:
+        self.sizes[tree.num_nodes] += 1
+        return self.inner.verify(tree)
+
+    def end(self) -> None:
+        self.inner.end()
+
+    def stats(self) -> dict:
+        return {**self.inner.stats(), "tree_sizes": dict(sorted(self.sizes.items()))}
+
+
+@goose.hookimpl
+def goose_register_policies(register) -> None:
+    register(LongestChainPolicy)
+
+
+@goose.hookimpl
+def goose_register_verifiers(register) -> None:
+    register(CountingVerifier)
