@@ -200,7 +200,7 @@ def test_kernel_options_refuse_bad_values_with_what_is_allowed():
     from goose.errors import InvalidInputError
 
     model = get("llama")
-    with pytest.raises(InvalidInputError, match=r"gqa: Input should be a valid boolean.*'maybe'.*Allowed options: defer_prefill_rows, gqa, headroom, linear, pack_limit_mib"):
+    with pytest.raises(InvalidInputError, match=r"gqa: .*True or False is required, got 'maybe'.*Allowed options: defer_prefill_rows, gqa, headroom, linear, pack_limit_mib"):
         goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"gqa": "maybe"})
     with pytest.raises(InvalidInputError, match=r"linear: Input should be 'auto', 'stock', 'skinny', 'packed' or 'stream' \(got 'fast'\)"):
         goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"linear": "fast"})
