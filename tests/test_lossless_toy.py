@@ -121,6 +121,14 @@ def _property_fails() -> BaseException | None:
     return None
 
 
+def _diverged(exc: BaseException | None) -> str:
+    """The injected fault was caught as what it is, a divergence from greedy decoding (``run_case``'s
+    assertion), not a crash elsewhere; the message for the assert."""
+    assert exc is not None, "the property held: the injected fault went unnoticed"
+    assert isinstance(exc, AssertionError) and "diverged from greedy" in str(exc), f"not a divergence: {exc!r}"
+    return str(exc)
+
+
 def test_fault_mask_sibling_leak_is_caught(monkeypatch):
     orig = goose.tree.additive_mask
 
@@ -131,7 +139,7 @@ def test_fault_mask_sibling_leak_is_caught(monkeypatch):
         return orig(anc, past_len, dtype, device)
 
     monkeypatch.setattr(goose.tree, "additive_mask", leaky)
-    assert _property_fails() is not None
+    _diverged(_property_fails())
 
 
 def test_fault_mask_hides_prefix_token_is_caught(monkeypatch):
@@ -144,7 +152,7 @@ def test_fault_mask_hides_prefix_token_is_caught(monkeypatch):
         return m
 
     monkeypatch.setattr(goose.tree, "additive_mask", hide_first)
-    assert _property_fails() is not None
+    _diverged(_property_fails())
 
 
 def test_fault_position_ids_by_layout_is_caught(monkeypatch):
@@ -154,7 +162,7 @@ def test_fault_position_ids_by_layout_is_caught(monkeypatch):
         return torch.arange(past_len, past_len + self.num_nodes, device=device).view(1, -1)
 
     monkeypatch.setattr(goose.tree.DraftTree, "position_ids", by_index)
-    assert _property_fails() is not None
+    _diverged(_property_fails())
 
 
 def test_fault_kv_commit_without_gather_is_caught(monkeypatch):
@@ -164,7 +172,7 @@ def test_fault_kv_commit_without_gather_is_caught(monkeypatch):
             self.cache.crop(-remove)
 
     monkeypatch.setattr(GreedyTreeVerifier, "commit", crop_only)
-    assert _property_fails() is not None
+    _diverged(_property_fails())
 
 
 def test_fault_kv_commit_off_by_one_is_caught(monkeypatch):
@@ -177,7 +185,9 @@ def test_fault_kv_commit_off_by_one_is_caught(monkeypatch):
             self.past_len_fault = True
 
     monkeypatch.setattr(GreedyTreeVerifier, "commit", keep_one_less)
-    assert _property_fails() is not None
+    exc = _property_fails()
+    # a cache one position short no longer fits the next tree's mask: the verifier says so, naming itself
+    assert isinstance(exc, goose.VerifierError) and exc.hook == "verify" and "does not fit" in str(exc), repr(exc)
 
 
 def test_unbroken_property_passes_the_same_search():
