@@ -169,8 +169,17 @@ def _budgets(L: int) -> range:
 
 
 def check_prop2(rng: np.random.Generator, report: Report) -> list[Check]:
-    out: list[Check] = []
-    # (a) greedy marginal allocation = exhaustive optimum (any p_d, any non-increasing q)
+    """Proposition 2: the greedy allocation is exact, the optimal widths decay along the spine in a linear band,
+    and how the harmonic and uniform rules rank against the optimum; the allocation plot's data on ``report``."""
+    out = [_prop2_greedy_exact(rng)]
+    out += _prop2_decay_and_band()
+    out += _prop2_ranking()
+    report.plots["allocation"] = _prop2_plot_cases()
+    return out
+
+
+def _prop2_greedy_exact(rng: np.random.Generator) -> Check:
+    """(a) greedy marginal allocation = exhaustive optimum (any p_d, any non-increasing q)."""
     gap = 0.0
     for _ in range(150):
         L, K = int(rng.integers(1, 5)), int(rng.integers(1, 4))
@@ -179,10 +188,13 @@ def check_prop2(rng: np.random.Generator, report: Report) -> list[Check]:
         M = int(rng.integers(0, L * K + 1))
         best, _ = al.brute_force_allocation(w, q, M)
         gap = max(gap, best - al.gain(w, q, al.optimal_allocation(w, q, M)))
-    out.append(Check.of("prop2.greedy_allocation_exact", -gap,
-                        f"greedy = exhaustive optimum on 150 random (p_d, q, L<=4, M) (max gap {gap:.1e})"))
+    return Check.of("prop2.greedy_allocation_exact", -gap,
+                    f"greedy = exhaustive optimum on 150 random (p_d, q, L<=4, M) (max gap {gap:.1e})")
 
-    # (b) decay, (c) linear band: geometric p, independent q
+
+def _prop2_decay_and_band() -> list[Check]:
+    """(b) decay, (c) linear band: geometric p, independent q."""
+    out: list[Check] = []
     decay_margin, end_up, end_up_low = math.inf, [], 0
     band_worst, informative, slope_err = 0.0, 0, []
     for p in P2_P:
@@ -220,8 +232,12 @@ def check_prop2(rng: np.random.Generator, report: Report) -> list[Check]:
         out.append(Check("prop2.linear_decay_fitted_slope", "note", None,
                          f"least-squares slope vs ln(1/p)/ln(1/(1-q)) on {len(slope_err)} cases with >=5 "
                          f"interior nodes: median rel. error {np.median(slope_err):.3f}, max {max(slope_err):.3f}"))
+    return out
 
-    # (d) ranking: optimal >= harmonic, optimal >= uniform, and where harmonic >= uniform
+
+def _prop2_ranking() -> list[Check]:
+    """(d) ranking: optimal >= harmonic, optimal >= uniform, and where harmonic >= uniform."""
+    out: list[Check] = []
     opt_margin = math.inf
     region_margin = math.inf
     first_fail: dict[float, tuple] = {}
@@ -268,8 +284,11 @@ def check_prop2(rng: np.random.Generator, report: Report) -> list[Check]:
     out.append(Check("prop2.harmonic_vs_uniform[spine goes on past L]", "note", None,
                      "if the last spine node also had a (undrafted) spine continuation, harmonic < uniform first at "
                      + ("; ".join(f"q={q}: p={p}" for q, p in sorted(open_first_fail.items())) or "nowhere")))
+    return out
 
-    # plot data: one slope-visible case and one paper-regime case
+
+def _prop2_plot_cases() -> list[dict]:
+    """Plot data: one slope-visible case and one paper-regime case."""
     cases = []
     for p, q, L, M in ((0.9, 0.2, 16, 40), (0.8, 0.03, 16, 30)):
         qv = independent_ranks(q, K_TOP)
@@ -281,8 +300,7 @@ def check_prop2(rng: np.random.Generator, report: Report) -> list[Check]:
             "uniform": al.uniform_allocation(M, L, K_TOP),
             "slope": al.kkt_slope(p, q),
         })
-    report.plots["allocation"] = cases
-    return out
+    return cases
 
 
 # ---------------------------------------------------------------------------------------------

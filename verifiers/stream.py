@@ -146,8 +146,16 @@ def _xwt(x, w, out):
             out[r + 1, o + 10] = a10_1
             out[r, o + 11] = a11_0
             out[r + 1, o + 11] = a11_1
-    # the last rows of a weight whose row count is not a multiple of twelve, one at a time
-    for o in range(o_dim - o_dim % 12, o_dim):
+    if o_dim % 12:
+        _xwt_rest(x, w, out, o_dim - o_dim % 12)
+
+
+def _xwt_rest(x, w, out, start):
+    # the weight rows from ``start`` on (fewer than twelve: a row count that is not a multiple of twelve),
+    # one at a time, against every pair of input rows
+    n, k_dim = x.shape
+    zero = np.float32(0)
+    for o in range(start, w.shape[0]):
         wv = w[o]
         for r in range(0, n, 2):
             x0 = x[r]
@@ -171,6 +179,9 @@ def _kernel():
     except ImportError:
         return None
     _prange = numba.prange
+    global _xwt_rest  # compiled first: the kernel calls it, and numba resolves the global when compiling
+    if not isinstance(_xwt_rest, numba.core.registry.CPUDispatcher):
+        _xwt_rest = numba.njit(fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt_rest)
     return numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
 
 
