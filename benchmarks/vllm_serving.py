@@ -85,6 +85,37 @@ def spec_metrics(llm) -> dict:
 
 
 def main() -> int:
+    args = _arguments()
+    import vllm
+
+    from goose import machine
+    from goose.tools import models
+    from goose.tools.bench import select_prompts
+
+    path = str(models.resolve(args.model))
+    sets = {}
+    for spec in args.datasets.split(","):
+        sets[spec] = [[{"role": "user", "content": p.text}] for p in select_prompts(spec, args.data_dir)]
+    warm = [[{"role": "user", "content": p.text}] for p in select_prompts(args.warmup, args.data_dir)] if args.warmup else []
+    conc = [int(c) for c in args.concurrency.split(",")]
+    have_suffix = True
+    try:
+        import arctic_inference  # noqa: F401  vLLM's suffix method needs it
+    except ImportError:
+        have_suffix = False
+    configs = engine_configs(args.k, have_suffix)
+    keep = set(args.configs.split(","))
+    configs = [c for c in configs if c[0] in keep]
+    print(f"vLLM {vllm.__version__}, model {args.model} float32, k={args.k}, {args.max_tokens} tokens"
+          f"{f' (each drawn from x[{1 - args.length_spread:g}, {1 + args.length_spread:g}])' if args.length_spread else ''}; "
+          f"CPU: {machine.describe()}; vLLM suffix method: {'yes' if have_suffix else 'no (arctic-inference not installed)'}",
+          flush=True)
+    if not args.one:  # each engine in a process of its own (a third engine in one process fails to start)
+        return _each_in_its_process(args, configs, vllm, machine, sets)
+    return _run_one(args, configs, vllm, conc, sets, warm, path)
+
+
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--data-dir", default=os.environ.get("GOOSE_DATA"))
@@ -119,65 +150,49 @@ def main() -> int:
     if not 0.0 <= args.length_spread < 1.0:
         ap.error(f"--length-spread must be in [0, 1), got {args.length_spread}: each max_tokens is drawn from "
                  "max_tokens * [1 - F, 1 + F]")
+    return args
 
-    import vllm
 
-    from goose import machine
-    from goose.tools import models
-    from goose.tools.bench import select_prompts
+def _each_in_its_process(args, configs, vllm, machine, sets) -> int:
+    """Each engine (or each speculative engine beside a no-speculation one, ``--interleave``) in a process of its
+    own, this script again with ``--one``; their rows merged, each ratio against its own process's baseline."""
+    names = [name for name, _ in configs]
+    if args.interleave:  # no speculation and one other engine per process, their phases alternating
+        procs = [f"none+{n}" for n in names if n != "none"]
+    else:
+        procs = names
+    rows, base, prompts, none_tokens, traces = [], {}, {}, {}, {}
+    for proc in procs:
+        part = f"{args.out}.{proc}.json"
+        subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", proc, "--out", part, "--goose-loop", ""],
+                       check=True)
+        with open(part) as f:
+            got = json.load(f)
+        prompts.update(got.get("prompts", {}))
+        none_tokens.update({k: v for k, v in got["tokens"].items() if k.endswith("|none")})
+        stats = read_stats(f"{part}.trace")
+        if stats is not None:
+            traces[proc] = stats
+        for row in sorted(got["rows"], key=lambda r: r["config"] != "none"):  # this process's baseline first
+            key = (row["dataset"], row["concurrency"], row["round"])
+            toks = got["tokens"][f"{row['dataset']}|{row['concurrency']}|{row['round']}|{row['config']}"]
+            if row["config"] == "none":
+                base[key] = (toks, row["tok_s"])
+            elif key in base:
+                row["identical"] = toks == base[key][0]
+                row["speedup"] = round(row["tok_s"] / base[key][1], 3)
+            rows.append(row)
+    print_table(rows)
+    rows += goose_loop(args, sets) if args.goose_loop else []
+    with open(args.out, "w") as f:
+        json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "k": args.k, "max_tokens": args.max_tokens,
+                   "length_spread": args.length_spread, "rows": rows, "prompts": prompts,
+                   "none_tokens": none_tokens, "goose_stats": traces}, f, indent=1)
+    return 0
 
-    path = str(models.resolve(args.model))
-    sets = {}
-    for spec in args.datasets.split(","):
-        sets[spec] = [[{"role": "user", "content": p.text}] for p in select_prompts(spec, args.data_dir)]
-    warm = [[{"role": "user", "content": p.text}] for p in select_prompts(args.warmup, args.data_dir)] if args.warmup else []
-    conc = [int(c) for c in args.concurrency.split(",")]
-    have_suffix = True
-    try:
-        import arctic_inference  # noqa: F401  vLLM's suffix method needs it
-    except ImportError:
-        have_suffix = False
-    configs = engine_configs(args.k, have_suffix)
-    keep = set(args.configs.split(","))
-    configs = [c for c in configs if c[0] in keep]
-    print(f"vLLM {vllm.__version__}, model {args.model} float32, k={args.k}, {args.max_tokens} tokens"
-          f"{f' (each drawn from x[{1 - args.length_spread:g}, {1 + args.length_spread:g}])' if args.length_spread else ''}; "
-          f"CPU: {machine.describe()}; vLLM suffix method: {'yes' if have_suffix else 'no (arctic-inference not installed)'}",
-          flush=True)
-    if not args.one:  # each engine in a process of its own (a third engine in one process fails to start)
-        names = [name for name, _ in configs]
-        if args.interleave:  # no speculation and one other engine per process, their phases alternating
-            procs = [f"none+{n}" for n in names if n != "none"]
-        else:
-            procs = names
-        rows, base, prompts, none_tokens, traces = [], {}, {}, {}, {}
-        for proc in procs:
-            part = f"{args.out}.{proc}.json"
-            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", proc, "--out", part, "--goose-loop", ""],
-                           check=True)
-            with open(part) as f:
-                got = json.load(f)
-            prompts.update(got.get("prompts", {}))
-            none_tokens.update({k: v for k, v in got["tokens"].items() if k.endswith("|none")})
-            stats = read_stats(f"{part}.trace")
-            if stats is not None:
-                traces[proc] = stats
-            for row in sorted(got["rows"], key=lambda r: r["config"] != "none"):  # this process's baseline first
-                key = (row["dataset"], row["concurrency"], row["round"])
-                toks = got["tokens"][f"{row['dataset']}|{row['concurrency']}|{row['round']}|{row['config']}"]
-                if row["config"] == "none":
-                    base[key] = (toks, row["tok_s"])
-                elif key in base:
-                    row["identical"] = toks == base[key][0]
-                    row["speedup"] = round(row["tok_s"] / base[key][1], 3)
-                rows.append(row)
-        print_table(rows)
-        rows += goose_loop(args, sets) if args.goose_loop else []
-        with open(args.out, "w") as f:
-            json.dump({"cpu": machine.describe(), "vllm": vllm.__version__, "k": args.k, "max_tokens": args.max_tokens,
-                       "length_spread": args.length_spread, "rows": rows, "prompts": prompts,
-                       "none_tokens": none_tokens, "goose_stats": traces}, f, indent=1)
-        return 0
+
+def _run_one(args, configs, vllm, conc, sets, warm, path) -> int:
+    """``--one``: one engine, or two interleaved, through every concurrency and dataset; rows to ``--out``."""
     names = args.one.split("+")  # one engine, or two interleaved (--interleave)
     configs = [c for n in names for c in configs if c[0] == n]
     rows, outputs = [], {}

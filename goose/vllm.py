@@ -252,6 +252,55 @@ class Proposer:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list[list[int]]:
         now, wall = self.clock(), perf_counter()
         rows = len(sampled_token_ids)
+        pending, prompt, left, left_requests = self._rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        decoding, tokens_now = self._book_last(pending, sampled_token_ids)
+        self._prior = self.recent_factor()
+        self.recent[0] *= self.recent_decay
+        self.recent[1] *= self.recent_decay
+        if self._planned is not None:  # what the last plan's step gave, now that it has run
+            self._weigh(now, tokens_now, prompt or left_requests > 0)
+        if self.resting and not self._rest_n / 2 <= len(decoding) <= 2 * self._rest_n:
+            self.resting = 0  # the batch has halved or doubled since the rest began: its own ledger judges it
+        resting = self.resting > 0
+        priced = bool(decoding) and self.min_reach is None and self.cost.ready()  # the plan reads the measured cost
+        # a probe: nothing drafted this step, so a step of as many requests without drafts stays measured (the
+        # baseline the plan and the rest weigh drafted rows against; extrapolated, it misprices them)
+        probe = not resting and priced and self.cost.weight(len(decoding), 0) < self.probe_below
+        self.counts["probes"] += probe
+        t0 = perf_counter()
+        ask, idle = self._whether_to_ask(decoding, resting or probe, priced)
+        laid = [(i, st, *(self._draft(st) if ask else ([], []))) for i, st in decoding]
+        drafting = perf_counter() - t0  # seconds asking the sources and planning (what resting saves)
+        if resting:
+            self.resting -= 1
+            self.counts["rested"] += 1
+        t0 = perf_counter()
+        scaled = [self._scaled(st, r) for _, st, _, r in laid]
+        counts = self.plan(scaled)
+        drafting += perf_counter() - t0
+        if ask and priced:
+            self._book_ask(len(laid), scaled, counts, drafting)
+        out, rows_verified = self._hand_out(rows, laid, counts)
+        self.cost.step(now, rows_verified, tokens_now, left, prompt=prompt, requests=len(laid), left_requests=left_requests)
+        self.counts["steps"] += 1
+        spent = perf_counter() - wall
+        self.propose_s += spent
+        self.propose_max_s = max(self.propose_max_s, spent)
+        if laid and ask and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
+            self._planned = (now, len(laid), rows_verified - len(laid), drafting)
+        if self.recycler is not None:  # the next step's rows are read only if the next call drafts (as this one)
+            self.recycler.active = self.resting == 0 and not idle
+        if self.trace_path is not None:
+            self._trace((len(laid), rows_verified, round(spent * 1e3, 3), round(now * 1e3, 3), tokens_now,
+                         int(prompt or left_requests > 0), int(resting)))
+        return out
+
+    def _rows(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
+        """The batch's rows matched to the requests they extend (new requests started, the ones that left
+        freed): ``(pending, prompt, left, left_requests)``, ``pending`` one ``(row, state, tokens)`` per live
+        request, ``prompt`` whether the step just run carried prompt tokens, ``left`` / ``left_requests`` the rows
+        (and requests) counted for that step whose request left before it ran."""
+        rows = len(sampled_token_ids)
         toks_np = token_ids_cpu.numpy() if hasattr(token_ids_cpu, "numpy") else np.asarray(token_ids_cpu)
         nts = np.asarray(num_tokens_no_spec).reshape(-1)
         old, self.live = self.live, {}
@@ -280,18 +329,20 @@ class Proposer:
                 pending.append((i, st, row))
         if self.recycler is not None:
             self.recycler.harvest(fed, before)
-        left = left_requests = 0  # rows (and requests) counted for the step just run whose request left before it ran
+        left = left_requests = 0
         for st in old.values():  # no row extends it: it left the batch (finished, aborted)
             left += st.rows
             left_requests += st.rows > 0
             self._free(st)
-        out: list[list[int]] = [[] for _ in range(rows)]
-        tokens_now = 0
-        laid: list[tuple[int, _Live, list[int], list[float]]] = []  # (row, state, chain, reach) per decoding request
-        drafting = 0.0  # seconds asking the sources and planning (what resting saves)
-        decoding = []
-        for i, st, row in pending:  # every request's last draft is booked before any is drafted: the rates
-            sampled = [int(t) for t in sampled_token_ids[i]]  # then stay put for the step (their memo holds)
+        return pending, prompt, left, left_requests
+
+    def _book_last(self, pending, sampled_token_ids):
+        """Every request's last draft booked against the tokens the target sampled, before any is drafted (the
+        rates then stay put for the step: their memo holds); ``(decoding, tokens_now)``: the ``(row, state)`` of
+        each request decoding this step, and the tokens the step just run committed."""
+        decoding, tokens_now = [], 0
+        for i, st, row in pending:
+            sampled = [int(t) for t in sampled_token_ids[i]]
             if st.chains and sampled:  # the target's tokens after the anchor of the last draft
                 self.rates.book(st.chains, sampled)
                 a = 0
@@ -310,40 +361,24 @@ class Proposer:
             st.chains, st.drafted, st.rows, st.expect = {}, [], 0, 0.0
             if sampled:  # else not decoding this step (a prefill chunk): nothing to draft
                 decoding.append((i, st))
-        self._prior = self.recent_factor()
-        self.recent[0] *= self.recent_decay
-        self.recent[1] *= self.recent_decay
-        if self._planned is not None:  # what the last plan's step gave, now that it has run
-            self._weigh(now, tokens_now, prompt or left_requests > 0)
-        if self.resting and not self._rest_n / 2 <= len(decoding) <= 2 * self._rest_n:
-            self.resting = 0  # the batch has halved or doubled since the rest began: its own ledger judges it
-        resting = self.resting > 0
-        priced = bool(decoding) and self.min_reach is None and self.cost.ready()  # the plan reads the measured cost
-        # a probe: nothing drafted this step, so a step of as many requests without drafts stays measured (the
-        # baseline the plan and the rest weigh drafted rows against; extrapolated, it misprices them)
-        probe = not resting and priced and self.cost.weight(len(decoding), 0) < self.probe_below
-        self.counts["probes"] += probe
-        t0 = perf_counter()
+        return decoding, tokens_now
+
+    def _whether_to_ask(self, decoding, held: bool, priced: bool) -> tuple[bool, bool]:
+        """``(ask, idle)``: whether the sources are asked this step (not while resting or probing, ``held``), and
+        whether they are left idle because asking has not paid at this batch size (``unpaid``) or nothing they
+        could offer pays at its measured cost."""
         # unpaid: at this batch size asking the sources has taken more than the plans after it expected to save
-        unpaid = not (resting or probe) and priced and not self._worth_asking(len(decoding))
+        unpaid = not held and priced and not self._worth_asking(len(decoding))
         self.counts["unpaid"] += unpaid
-        # idle: nothing the sources could offer pays at this batch's measured cost, so they are not asked
-        idle = not (resting or probe or unpaid) and priced and not self._may_pay([st for _, st in decoding])
+        idle = not (held or unpaid) and priced and not self._may_pay([st for _, st in decoding])
         self.counts["idle"] += idle
         idle = idle or unpaid
-        ask = not (resting or probe or idle)
-        for i, st in decoding:
-            laid.append((i, st, *(self._draft(st) if ask else ([], []))))
-        drafting += perf_counter() - t0
-        if resting:
-            self.resting -= 1
-            self.counts["rested"] += 1
-        t0 = perf_counter()
-        scaled = [self._scaled(st, r) for _, st, _, r in laid]
-        counts = self.plan(scaled)
-        drafting += perf_counter() - t0
-        if ask and priced:
-            self._book_ask(len(laid), scaled, counts, drafting)
+        return not (held or idle), idle
+
+    def _hand_out(self, rows: int, laid, counts) -> tuple[list[list[int]], int]:
+        """Each decoding request's draft cut to its planned count (kept on its state for the next booking):
+        the drafts per batch row, and the rows the next step verifies."""
+        out: list[list[int]] = [[] for _ in range(rows)]
         rows_verified = 0
         for (i, st, chain, reach), n in zip(laid, counts):
             out[i] = st.drafted = chain[:n]
@@ -351,19 +386,7 @@ class Proposer:
             st.rows = 1 + n
             rows_verified += 1 + n
             self.counts["drafted"] += n
-        self.cost.step(now, rows_verified, tokens_now, left, prompt=prompt, requests=len(laid), left_requests=left_requests)
-        self.counts["steps"] += 1
-        spent = perf_counter() - wall
-        self.propose_s += spent
-        self.propose_max_s = max(self.propose_max_s, spent)
-        if laid and ask and self.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
-            self._planned = (now, len(laid), rows_verified - len(laid), drafting)
-        if self.recycler is not None:  # the next step's rows are read only if the next call drafts (as this one)
-            self.recycler.active = self.resting == 0 and not idle
-        if self.trace_path is not None:
-            self._trace((len(laid), rows_verified, round(spent * 1e3, 3), round(now * 1e3, 3), tokens_now,
-                         int(prompt or left_requests > 0), int(resting)))
-        return out
+        return out, rows_verified
 
     def _trace(self, entry: tuple) -> None:
         """Append this call to the trace: (decoding requests, rows planned, propose ms, the call's clock in ms,

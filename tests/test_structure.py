@@ -1,5 +1,5 @@
 """The code's shape: no import circle (lazy imports included), the core never imports goose.tools, and no
-function longer than 120 lines. Read from the source files, so a change that breaks one fails here."""
+function longer than 100 lines (the benchmarks' scripts included). Read from the source files, so a change that breaks one fails here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # package folders: goose/ itself, and the top-level folders installed as goose.<name> (pyproject.toml)
 PACKAGES = {"goose": ROOT / "goose", "goose.plugins": ROOT / "plugins", "goose.policies": ROOT / "policies",
             "goose.verifiers": ROOT / "verifiers", "goose.theory": ROOT / "theory"}
-MAX_LINES = 120
+MAX_LINES = 100
 
 
 def _modules() -> dict[str, Path]:
@@ -112,7 +112,8 @@ def test_the_core_never_imports_the_tools():
 
 def _long_functions() -> list[str]:
     out = []
-    for name, path in _modules().items():
+    scripts = {f"benchmarks.{p.stem}": p for p in (ROOT / "benchmarks").glob("*.py")}
+    for name, path in {**_modules(), **scripts}.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
@@ -121,7 +122,7 @@ def _long_functions() -> list[str]:
     return out
 
 
-def test_no_function_over_120_lines():
+def test_no_function_over_100_lines():
     assert _long_functions() == []
 
 
