@@ -21,6 +21,7 @@ from goose.errors import (
     call_component,
 )
 from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TokenView, TreePolicy, Verified, Verifier
+from goose.sampling import Sampling, TokenRule
 from goose.tree import ROOT, DraftTree
 
 
@@ -352,7 +353,7 @@ class Decoder:
         ``generator``, or a new one seeded with ``seed``, or torch's global generator (as
         transformers draws): under the same ``torch.manual_seed`` the output equals
         ``model.generate(...)``'s with the same arguments, token for token
-        (verifiers/sampling.py). For a model whose generation config sets none of these, the
+        (goose/sampling.py). For a model whose generation config sets none of these, the
         default is greedy decoding and the output is identical to it (the plain argmax walk);
         ``stats.extra["generation"]`` says which values applied.
 
@@ -364,7 +365,6 @@ class Decoder:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         from goose import generation
-        from goose.verifiers.sampling import Sampling
 
         given = {k: v for k, v in dict(
             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -419,8 +419,6 @@ class Decoder:
         call_component("verifier", self.verifier, "check_request", prompt_len, max_new_tokens, self.max_nodes)
         rule = None
         if needs_rule:
-            from goose.verifiers.sampling import TokenRule
-
             rule = TokenRule(
                 prompt_ids, max_new_tokens, max_new_tokens + self.max_nodes + 1, resolved.processors,
                 resolved.do_sample, generator, frozenset(stops), resolved.criteria, record=record_scores,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from goose.errors import InvalidInputError
+from goose.sampling import Sampling, build_processors
 
 # the generate() arguments Decoder.generate takes (None: unset, resolved as transformers would)
 ARGUMENTS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "min_new_tokens")
@@ -104,8 +105,6 @@ def plain_criteria(stopping_criteria) -> tuple[bool, set[int]]:
 
 def explicit(given: dict, prompt_len: int, eos_ids, logits_processor=None, stopping_criteria=None) -> Resolved:
     """Only the arguments given, for a model without transformers' ``generate``."""
-    from goose.verifiers.sampling import Sampling, build_processors
-
     s = Sampling(**{"do_sample": False, "min_new_tokens": 0, **given})
     procs = list(build_processors(s, prompt_len, sorted(eos_ids)))
     if logits_processor:

@@ -303,7 +303,7 @@ class DraftContext:
         self._proposals: dict[str, Proposal | None] = {}
         self._succ = tuple(s for s in self.sources if s.provides_successors)
         self.source_s = 0.0  # seconds spent inside the sources (propose, successors) this step
-        # when sampling: the draws' noise of this step's tokens (goose.verifiers.sampling.NoiseView), else None
+        # when sampling: the draws' noise of this step's tokens (goose.sampling.NoiseView), else None
         self.noise = noise
         # two or more successor sources: their answers merge, ranked by these measured rates (goose.branches)
         self.branch_rates = branch_rates if branch_rates is not None or len(self._succ) < 2 else BranchRates()
@@ -351,7 +351,7 @@ class DraftContext:
 
         ``depth``: the tree depth the successors would be placed at (1: children of the root).
         Given it while sampling, the successors come ordered by how likely this step's draw at
-        that depth picks each, knowing the draw's noise (:class:`~goose.verifiers.sampling.NoiseView`);
+        that depth picks each, knowing the draw's noise (:class:`~goose.sampling.NoiseView`);
         the scores are then those likelihoods. Without it (or when not sampling): the order above.
         """
         t0 = time.perf_counter()

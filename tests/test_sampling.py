@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import goose
 from goose.testing import ArbitraryTreeSource, ToyCausalLM, reference_sample
 from goose.testing.kit import ArbitraryTreeOptions
-from goose.verifiers import sampling
-from goose.verifiers.sampling import Sampling, build_processors
+from goose import sampling
+from goose.sampling import Sampling, build_processors
 
 V = 16
 

@@ -28,7 +28,8 @@ from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
 from goose.interfaces import Options, Verified, Verifier, text_config
 from goose.tree import DraftTree
-from goose.verifiers import attention, sampling, skinny, stream
+from goose import sampling
+from goose.verifiers import attention, skinny, stream
 from goose.verifiers import cache as kv_cache
 
 # Attention implementations that honour an arbitrary 4-D additive mask.
@@ -82,9 +83,9 @@ class TreeVerifierOptions(Options):
 class GreedyTreeVerifier(Verifier):
     """Verify a draft tree in one forward of the unmodified model; greedy walk; gather+crop commit.
 
-    With a :class:`~goose.verifiers.sampling.TokenRule` set for the request (``rule``; the loop
+    With a :class:`~goose.sampling.TokenRule` set for the request (``rule``; the loop
     sets it when ``generate`` samples or applies logits processors) the walk chooses each token
-    with the rule instead of the raw argmax (:func:`~goose.verifiers.sampling.rule_walk`).
+    with the rule instead of the raw argmax (:func:`~goose.sampling.rule_walk`).
     """
 
     name = "greedy"

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from goose.interfaces import DraftSource, DraftState, Options, Proposal
+from goose.sampling import Sampling, build_processors
 from goose.testing.toy import reference_next
 from goose.tree import DraftTree
 
@@ -451,7 +452,6 @@ class SourceLosslessnessKit:
         from hypothesis import strategies as hs
 
         from goose.testing.toy import reference_sample
-        from goose.verifiers.sampling import Sampling, build_processors
 
         @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
         @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
@@ -725,7 +725,6 @@ class PolicyLosslessnessKit:
         from hypothesis import strategies as hs
 
         from goose.testing.toy import reference_sample
-        from goose.verifiers.sampling import Sampling, build_processors
 
         @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
         @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),

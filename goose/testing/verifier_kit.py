@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from goose.interfaces import DraftSource, Options, Verified
+from goose.sampling import Sampling, build_processors
 from goose.testing.kit import ArbitraryTreeSource
 from goose.testing.toy import reference_greedy, reference_logits, reference_next
 
@@ -205,7 +206,6 @@ class VerifierLosslessnessKit:
         from hypothesis import strategies as hs
 
         from goose.testing.toy import reference_sample
-        from goose.verifiers.sampling import Sampling, build_processors
 
         probe = self._decoder(0, 8)
         if not probe.verifier.supports_rules:
