@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from goose.rates import shrunk
+
 
 class Successors(NamedTuple):
     """What :meth:`goose.DraftContext.successors` returns: candidate ids best first, a score each, and per
@@ -62,7 +64,7 @@ class BranchRates:
         """The rate of a candidate several sources gave, the best of them at ``rank``, shrunk toward ``base``
         (the best of their own rates)."""
         r = min(rank, self.max_rank - 1)
-        return (self.agree_hits[r] + base * self.weight) / (self.agree_trials[r] + self.weight)
+        return shrunk(self.agree_hits[r], self.agree_trials[r], base, self.weight)
 
     def rates(self, source: str) -> list[float]:
         """``[max_rank]``: the source's measured rate at each rank, shrunk toward the prior."""
@@ -70,7 +72,7 @@ class BranchRates:
         if row is None:
             h, t = self.hits.get(source), self.trials.get(source)
             w, p = self.weight, self.prior
-            row = [((h[r] if h else 0.0) + p / (r + 1) * w) / ((t[r] if t else 0.0) + w) for r in range(self.max_rank)]
+            row = [shrunk(h[r] if h else 0.0, t[r] if t else 0.0, p / (r + 1), w) for r in range(self.max_rank)]
             self._table[source] = row
         return row
 

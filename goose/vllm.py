@@ -68,8 +68,10 @@ from time import perf_counter
 
 import numpy as np
 
+from goose.chains import Drafted, merge, rank
 from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source
+from goose.rates import SourceRates, shrunk
 
 ENV_SOURCES = "GOOSE_VLLM_SOURCES"
 RECYCLING = "tr"  # the source name served by the Recycler
@@ -105,7 +107,7 @@ class _Live:
     def factor(self, weight: float, prior: float = 1.0) -> float:
         """This request's accepted tokens over what the sources' rates expected of its drafts, shrunk toward
         ``prior`` by ``weight`` expected tokens (a sampled request, or a prompt drafts fit badly, reads below 1)."""
-        return min(2.0, (self.accepted + weight * prior) / (self.expected + weight))
+        return min(2.0, shrunk(self.accepted, self.expected, prior, weight))
 
 
 class Proposer:
@@ -160,8 +162,6 @@ class Proposer:
 
     def __init__(self, vllm_config=None, *, sources: Sequence | None = None, num_speculative_tokens: int | None = None,
                  max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
-        from goose.policies.merge import SourceRates
-
         spec = getattr(vllm_config, "speculative_config", None)
         mc = getattr(vllm_config, "model_config", None)
         self.k = int(num_speculative_tokens if num_speculative_tokens is not None else spec.num_speculative_tokens)
@@ -543,7 +543,7 @@ class Proposer:
         returns to 1 and the next requests are measured afresh."""
         acc, exp = self.recent
         w = self.request_weight
-        return min(1.0, (acc + w) / (exp + w))
+        return min(1.0, shrunk(acc, exp, 1.0, w))
 
     def _new(self, row: np.ndarray, n_sampled: int) -> _Live:
         tokens = [int(t) for t in row]
@@ -568,8 +568,6 @@ class Proposer:
     def _draft(self, st: _Live) -> tuple[list[int], Sequence[float]]:
         """This request's merged chain (cut to the room left) and its reach at each depth; ``([], [])`` when
         no source proposes."""
-        from goose.policies.merge import Drafted, merge, rank
-
         room = self._room(len(st.tokens))
         if room <= 0:
             return [], []

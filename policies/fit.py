@@ -62,19 +62,20 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field, field_validator
 
+from goose import tiers as measured_tiers
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
+from goose import latency
+from goose.manager import build_inner
+from goose.rates import shrunk
+from goose.theory.calibrate import Counts, count_step, smoothed
+from goose.theory.model import AcceptanceModel
 from goose.tree import DraftTree
-
-if TYPE_CHECKING:
-    from goose.theory.calibrate import Counts
-    from goose.theory.model import AcceptanceModel
-
 
 class FitOptions(Options):
     inner: str = Field("spine", description="registered policy whose trees are fitted")
@@ -200,7 +201,6 @@ class FitPolicy(TreePolicy):
 
     def __init__(self, options: FitOptions | None = None):
         super().__init__(options)
-        from goose.manager import build_inner
 
         o = self.options
         if o.inner == "fit" or o.inner.endswith("-fit"):
@@ -214,10 +214,9 @@ class FitPolicy(TreePolicy):
         self.curve = None
         self.verifier_setup: dict = {}  # the verifier's kernel options (compose sets them): which curve to trust
         if o.latency:
-            from goose.latency import LatencyCurve
 
             items = sorted((int(k), float(v)) for k, v in o.latency.items())
-            self.curve = LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
+            self.curve = latency.LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
         self._t: list[float] | None = None  # the curve's latency by tree size (attach, or the first fit)
         # {source: tiers} (None: each bound source's stored tiers, read at bind) and (lead source, tier) -> (p_1,
         # p_deeper): where that tier's spine rates start
@@ -244,14 +243,12 @@ class FitPolicy(TreePolicy):
     def attach(self, model) -> None:
         self.inner.attach(model)
         if self.options.source_priors is None:  # the tiers `goose tiers` stored for each chain source with this model
-            from goose import tiers
 
-            found = tiers.for_sources(getattr(self, "_sources", ()), model)
+            found = measured_tiers.for_sources(getattr(self, "_sources", ()), model)
             self._set_priors({name: sorted(t, key=lambda x: -x[0]) for name, t in found.items()})
         if self.curve is None:
-            from goose.latency import curve_for
 
-            self.curve = curve_for(model, setup=self.verifier_setup)
+            self.curve = latency.curve_for(model, setup=self.verifier_setup)
         self._t = self.curve.table(512)
 
     def max_nodes(self, budget: int) -> int:
@@ -267,7 +264,6 @@ class FitPolicy(TreePolicy):
         return wanted if cap is None else max(1, min(wanted, cap))
 
     def begin(self, request: Request | None) -> None:
-        from goose.theory.calibrate import Counts
 
         self.acc.clear()
         self.trials.clear()
@@ -306,7 +302,7 @@ class FitPolicy(TreePolicy):
 
     def _prob(self, key) -> float:
         o = self.options
-        return (self.acc[key] + o.prior * o.prior_weight) / (self.trials[key] + o.prior_weight)
+        return shrunk(self.acc[key], self.trials[key], o.prior, o.prior_weight)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         out = self._fit(ctx)
@@ -424,7 +420,6 @@ class FitPolicy(TreePolicy):
 
     def _shifted(self, model: AcceptanceModel, route: Route, k: int) -> AcceptanceModel:
         """``model`` with its spine rates replaced by ``route``'s from depth k + 1 on (a continued chain)."""
-        from goose.theory.model import AcceptanceModel
 
         base = self._model(route)
         spine = tuple(base.p(k + d) for d in range(1, max(1, len(base.spine) - k) + 1))
@@ -440,7 +435,6 @@ class FitPolicy(TreePolicy):
         bypass route toward what its lead source earned on its other routes (``_earned_elsewhere``)."""
         m = self.models.get(route)
         if m is None:
-            from goose.theory.calibrate import smoothed
 
             o = self.options
             toward = self._earned_elsewhere(route) if o.pool_routes else None
@@ -478,7 +472,6 @@ class FitPolicy(TreePolicy):
         the same in every tier; both in docs/results.md): a consensus match that carries on a loop the
         source's long matches have already held through starts with that depth earned. ``pool_tiers=False``:
         the same tier only, at every depth."""
-        from goose.theory.calibrate import Counts, smoothed
 
         if route.kind != "bypass" or route.lead is None:
             return None
@@ -516,7 +509,6 @@ class FitPolicy(TreePolicy):
                     self.observed["calib_pred"] += self.pending - 1.0
                     self.observed["calib_got"] += len(verified.path) - 1.0
                 self.pending = None
-            from goose.theory.calibrate import count_step
 
             try:
                 route, view = _per_source(tree, self.priors)

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from goose.hookspecs import hookimpl
+from goose.rates import shrunk
 from goose.theory.model import (
     SPINE,
     AcceptanceModel,
@@ -287,13 +288,13 @@ def smoothed(
             target = max(start[1], spine[-1]) if spine else start[0]
         else:
             target = spine[-1] if spine else prior
-        spine.append((h + target * weight) / (t + weight))
+        spine.append(shrunk(h, t, target, weight))
     base = np.asarray(independent_ranks(prior, ranks))
 
     def vector(trials: dict[int, int], hits: dict[int, int]) -> tuple[float, ...]:
         t = np.asarray([trials.get(r, 0) for r in range(1, ranks + 1)], dtype=float)
         h = np.asarray([hits.get(r, 0) for r in range(1, ranks + 1)], dtype=float)
-        v = np.minimum.accumulate((h + base * weight) / (t + weight))
+        v = np.minimum.accumulate(shrunk(h, t, base, weight))
         s = v.sum()
         return tuple(float(x) for x in (v / s if s > 1.0 else v))
 

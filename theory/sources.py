@@ -11,7 +11,7 @@ source offers candidates of rank 1..K under any node: under an accepted node non
 drafted chain children is right, and under every TR node, its rank-r candidate is right with
 ``q_r`` (ranks are disjoint events; the positional model of ``trees.optimal_single_source``).
 
-**Plans.** A :class:`Plan` lays the chains out as policies/merge.py does: the leader's first
+**Plans.** A :class:`Plan` lays the chains out as goose/chains.py does: the leader's first
 ``spine`` tokens are the spine; every other source ``s`` hangs under the spine node where its chain
 first leaves the leader's chain (its *fork*, ``f_s = min(A_s, A_leader)``), if that node is drafted
 (``f_s <= spine``) and the chain goes on past it, with its next ``sides[s]`` tokens (origin
@@ -51,8 +51,8 @@ from goose.theory.model import ROOT, SPINE, AcceptanceModel, greedy_walk, simula
 from goose.theory.trees import BRANCH, forest_values, isotropic_tree, optimal_single_source
 from goose.tree import DraftTree
 
-SIDE = "chain"  # the origin policies/merge.py gives another source's chain where it leaves the spine
-PRIOR, PRIOR_WEIGHT = 0.25, 4.0  # policies/merge.SourceRates' shrinkage: (hits + 0.25 * 4) / (trials + 4)
+SIDE = "chain"  # the origin goose/chains.py gives another source's chain where it leaves the spine
+PRIOR, PRIOR_WEIGHT = 0.25, 4.0  # goose.rates.SourceRates' shrinkage: shrunk(hits, trials, 0.25, 4)
 TIE = 1e-12
 
 
@@ -217,7 +217,7 @@ Planner = Callable[[Sources, int], Plan]
 
 
 def rank(src: Sources) -> list[int]:
-    """Sources best first by the expected accepted tokens of their whole chain (policies/merge.rank);
+    """Sources best first by the expected accepted tokens of their whole chain (goose.chains.rank);
     ties: the longer chain, then the index."""
     return sorted(range(src.n), key=lambda s: (-src.expected_chain(s), -src.length(s), s))
 
