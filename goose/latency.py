@@ -251,15 +251,7 @@ class _Timer:
         if tree is None:
             toks = torch.randint(0, v.vocab_size, (n,), generator=self.g).tolist()
             tree = self.trees[n] = DraftTree.from_chain(toks[0], toks[1:], "x")
-        mask = tree.attention_mask(v.past_len, dtype=v.dtype, device=v.device) if n > 1 else None
-        pos = tree.position_ids(v.past_len, device=v.device)
-        ids = torch.tensor([tree.tokens], device=v.device)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            v._forward(ids, mask, pos, form=form)
-        dt = time.perf_counter() - t0
-        v.cache.crop(-n)
-        return dt
+        return v.timed_chain(tree, form)
 
 
 def measure(
@@ -303,22 +295,13 @@ def measure(
     is called as it goes.
     """
     t_start = time.perf_counter()
-    from goose.verifiers import skinny as skinny_mod
-    from goose.verifiers import stream as stream_mod
-    from goose.verifiers.skinny import MAX_ROWS
-
     timer = _Timer(model, setup, past_len, budget_s)
     v = timer.v
     sizes = sorted(set(int(n) for n in sizes))
     # the forms of the linear layers the verifier may use are timed against stock
-    forms = []
-    if compare_linear and v._linears:
-        forms.append("skinny")
-        if _setup(setup).get("packed", True) and skinny_mod.packed_available(v._linears):
-            forms.append("packed")
-        if stream_mod.available(v._linears):
-            forms.append("stream")
-    w = _Walk(timer.once, forms, MAX_ROWS, progress or (lambda text: None), t_start, budget_s, stop_ratio)
+    forms = v.linear_forms(packed=_setup(setup).get("packed", True)) if compare_linear else []
+    w = _Walk(timer.once, forms, v.max_form_rows, progress or (lambda text: None), t_start, budget_s, stop_ratio,
+              v.form_serves)
     w.warm_up(min(8, sizes[-1]))
     last = w.walk(sizes)  # the size round 1 stopped at for the time budget (None: it did not)
     if last is not None:
@@ -330,8 +313,8 @@ def measure(
     v.end()
     form = w.form
     if "packed" not in form.values():  # the packs are memory the verifier will not read
-        skinny_mod.release_packs(v._linears)
-    filled = _between_anchors(form, last, MAX_ROWS) if last is not None else {}
+        v.release_packs()
+    filled = _between_anchors(form, last, v.max_form_rows) if last is not None else {}
     every = {**filled, **{n: form[n] for n in kept}}  # sizes between anchors run in the anchors' form
     listed = {f: tuple(n for n in sorted(every) if every[n] == f) for f in ("skinny", "packed", "stream")}
     return LatencyCurve(tuple(kept), tuple(med), listed["skinny"], head, listed["packed"], listed["stream"])
@@ -346,8 +329,8 @@ class _Walk:
     """
 
     def __init__(self, once, forms: list[str], max_rows: int, say, t_start: float, budget_s: float,
-                 stop_ratio: float):
-        self.once, self.forms, self.say = once, forms, say
+                 stop_ratio: float, serves):
+        self.once, self.forms, self.say, self.serves = once, forms, say, serves  # serves(form, rows): the verifier's
         self.compared = [c for c in COMPARE if c <= max_rows]  # sizes at which every form is timed
         self.max_rows = max_rows  # the largest tree a non-stock form runs
         self.t_start, self.budget_s, self.stop_ratio = t_start, budget_s, stop_ratio
@@ -408,13 +391,11 @@ class _Walk:
         """Round 1: each size in increasing order, in its fastest form at a compared size (else the
         nearest compared size's), until a forward costs ``stop_ratio`` x t(1) (returns None) or, past
         size 4, the walk's share of the budget is spent (returns the size it stopped at)."""
-        from goose.verifiers.skinny import serves
-
         self.t1 = t1 = min(self.once(1) for _ in range(3))
         for n in sizes:
             if self.forms and n in self.compared:
                 # one row: only the forms that serve it (the others run F.linear there)
-                serve = [f for f in self.forms if serves(f, n)]
+                serve = [f for f in self.forms if self.serves(f, n)]
                 self.form[n], dt = self.fastest(n, serve)
                 if n == 1:  # a tree's price is in units of the one-token step as the verifier will run it
                     self.t1 = t1 = min(dt, t1) if self.form[1] is None else dt

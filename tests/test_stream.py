@@ -145,9 +145,10 @@ def _walk(times):
     import time
 
     from goose.latency import _Walk
+    from goose.verifiers.greedy import GreedyTreeVerifier
 
     return _Walk(lambda n, f=None: times(n, f), ["skinny", "stream"], 64, lambda text: None, time.perf_counter(),
-                 1e9, 12.0)
+                 1e9, 12.0, GreedyTreeVerifier.form_serves)
 
 
 def test_calibration_compares_one_row_and_drops_forms_far_slower():

@@ -132,3 +132,15 @@ def test_the_length_check_sees_a_long_function(lines, tmp_path, monkeypatch):
     (tmp_path / "long.py").write_text(f"def long():\n{body}")
     monkeypatch.setitem(PACKAGES, "goose.fake", tmp_path)
     assert _long_functions()[-1:] == [f"goose.fake.long.long: {lines} lines"]
+
+
+def test_the_core_reaches_components_only_through_the_registry():
+    """goose/ (the loop, the interfaces, the rates, the chains, the vLLM proposer; not the tools and the test
+    kits) imports no module of the built-in sources, policies or verifiers, at the top or lazily: it builds
+    them by name through the registry (goose.manager) and calls them through the interfaces."""
+    graph = _graph()
+    parts = ("goose.plugins", "goose.policies", "goose.verifiers")
+    core = [m for m in graph if m.startswith("goose") and not m.startswith((*parts, "goose.tools", "goose.theory",
+                                                                           "goose.testing")) and m != "goose.__main__"]
+    reach = {m: sorted(t for t in graph[m] if t.startswith(parts)) for m in core}
+    assert {m: t for m, t in reach.items() if t} == {}

@@ -28,7 +28,7 @@ from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
 from goose.interfaces import Options, Verified, Verifier, text_config
 from goose.tree import DraftTree
-from goose import sampling
+from goose import latency, sampling
 from goose.verifiers import attention, skinny, stream
 from goose.verifiers import cache as kv_cache
 
@@ -209,9 +209,7 @@ class GreedyTreeVerifier(Verifier):
         forms: dict[int, str] = {}
         self._head_curve = None
         if self.options.linear == "auto":
-            from goose.latency import cached_curve
-
-            curve = cached_curve(self.model, self.setup())
+            curve = latency.cached_curve(self.model, self.setup())
             if curve is not None and curve.head:
                 self._head_curve = curve  # how many rows the deferred prefill rows are run as
             if curve is not None and self._linears:
@@ -239,6 +237,46 @@ class GreedyTreeVerifier(Verifier):
         if self._linears and not stream.available(self._linears):  # no streaming kernel: another curve
             out["stream"] = False
         return out
+
+    # -- what goose.latency times: the verifier's own passes, in each form its linear layers can run in --------
+    #: the most rows a form other than stock serves (larger passes run F.linear)
+    max_form_rows = skinny.MAX_ROWS
+
+    def linear_forms(self, packed: bool = True) -> list[str]:
+        """The forms besides stock this model's linear layers can run in here, for the calibration to compare:
+        ``skinny``, ``packed`` (where MKL's packed GEMM serves and ``packed`` is allowed), ``stream`` (where the
+        numba kernel serves)."""
+        forms = []
+        if self._linears:
+            forms.append("skinny")
+            if packed and skinny.packed_available(self._linears):
+                forms.append("packed")
+            if stream.available(self._linears):
+                forms.append("stream")
+        return forms
+
+    @staticmethod
+    def form_serves(form: str | None, rows: int) -> bool:
+        """Whether ``form`` computes a pass of ``rows`` rows (else its linear layers run ``F.linear``)."""
+        return skinny.serves(form, rows)
+
+    def release_packs(self) -> None:
+        """Drop the packed weights (memory the verifier will not read where no size runs ``packed``)."""
+        skinny.release_packs(self._linears)
+
+    def timed_chain(self, tree: DraftTree, form: str | None = None) -> float:
+        """Seconds of one forward of ``tree`` (a chain) over the current cache, in ``form``; the cache is cropped
+        back after it, so the next pass is timed over the same cache."""
+        n = tree.num_nodes
+        mask = tree.attention_mask(self.past_len, dtype=self.dtype, device=self.device) if n > 1 else None
+        pos = tree.position_ids(self.past_len, device=self.device)
+        ids = torch.tensor([tree.tokens], device=self.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self._forward(ids, mask, pos, form=form)
+        dt = time.perf_counter() - t0
+        self.cache.crop(-n)
+        return dt
 
     def linear_info(self) -> dict:
         """Which form each pass size's linear layers run in, and the memory the forms take beside the
