@@ -19,7 +19,7 @@ the order of ``sources=[...]``:
 
 Every verified pass tells the target's tokens along the accepted path and the bonus token after it,
 so every chain laid out that step is measured against them, drafted or not (``tree.meta["chains"]``,
-:meth:`SourceRates.observe`). The policies (policies/) and the vLLM proposer (goose/vllm.py) all
+:meth:`SourceRates.observe`). The policies (policies/) and the vLLM proposer (goose/vllm/) all
 lay chains out here. With a single chain source, its chain is the spine.
 """
 

@@ -11,7 +11,7 @@ weight)``. Its callers differ only in what they count and where they start:
   prior 0.2 / (r + 1) behind 4;
 - ``spine-fit`` (policies/fit.py): each tree node class's acceptance; its options' ``prior`` behind
   ``prior_weight``;
-- the vLLM proposer (goose/vllm.py): a request's accepted tokens over what its drafts were expected to
+- the vLLM proposer (goose/vllm/proposer.py): a request's accepted tokens over what its drafts were expected to
   give, toward 1 behind ``request_weight`` expected tokens.
 """
 

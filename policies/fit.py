@@ -469,7 +469,7 @@ class FitPolicy(TreePolicy):
         Depth 1 is pooled over the routes of the same confidence tier only (where a chain starts is what a
         tier says: Gemma-3's first proposals held their first token 0.94 of the time at tier 1.0, 0.70 at
         0.7-0.9), the deeper depths over every tier of the source (the rate of depth d given d - 1 is much
-        the same in every tier; both in docs/results.md): a consensus match that carries on a loop the
+        the same in every tier; docs/results.md, section 10, and docs/results-archive.md): a consensus match that carries on a loop the
         source's long matches have already held through starts with that depth earned. ``pool_tiers=False``:
         the same tier only, at every depth."""
 

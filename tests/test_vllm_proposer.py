@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import goose
 from goose.errors import InvalidInputError, UnknownComponentError
-from goose.vllm import Proposer, StepCost, solve_normal3
+from goose.vllm import Proposer, ProposerOptions, StepCost, solve_normal3
 
 V = 50
 
@@ -212,7 +212,7 @@ def test_rows_without_a_sampled_token_keep_their_state_and_get_no_draft():
 
 def test_fault_a_state_matched_by_row_alone_drafts_another_requests_text(monkeypatch):
     """The batched-equals-alone check catches a proposer that keys state by row index."""
-    import goose.vllm as gv
+    import goose.vllm.proposer as gv
 
     def by_row(old, i, row):
         return (old.pop(i), False) if i in old else (None, False)
@@ -294,10 +294,7 @@ class Banded(goose.DraftSource):
 def run_banded(floors):
     fulls = [text(40 + j, 30) + [(i * 7 + j) % V for i in range(170)] for j in range(4)]
 
-    class Tiered(Proposer):
-        tier_floors = floors
-
-    p = Tiered(config(k=4), sources=[Banded(fulls)])
+    p = Proposer(config(k=4), sources=[Banded(fulls)], options={"tier_floors": floors})
     eng = TimedEngine(p, lambda rows: 0.04 + 0.0025 * rows)
     for j, full in enumerate(fulls):
         eng.add(f"r{j}", full[:30], full[30:])
@@ -313,7 +310,7 @@ def test_a_sources_chains_are_measured_per_confidence_band():
     accepted a fifth of the time earns. Measured per band, the wrong ones stop being drafted and the right ones are
     drafted whole. Measured as one rate (``tier_floors`` empty: the fault), the first chains (wrong: the prompts
     leave an odd length) set it below what pays, and the right ones are left undrafted."""
-    p, eng, steps = run_banded(Proposer.tier_floors)
+    p, eng, steps = run_banded(ProposerOptions().tier_floors)
     late = [(tok, d) for _, tok, d in eng.log[len(eng.log) // 4 :] if d]
     wrong = sum(1 for tok, d in late if len(tok) % 2 == 1)
     right = [len(d) for tok, d in late if len(tok) % 2 == 0]
@@ -363,11 +360,18 @@ def test_bad_sources_are_refused_with_their_reason(monkeypatch):
     with pytest.raises(InvalidInputError, match="num_speculative_tokens"):
         Proposer(config(k=0))
 
-    class Percent(Proposer):
-        tier_floors = (90, 50)  # percentages, not confidences
-
     with pytest.raises(InvalidInputError, match=r"tier_floors must be confidences in \[0, 1\], got \(90, 50\)"):
-        Percent(config())
+        Proposer(config(), options={"tier_floors": (90, 50)})  # percentages, not confidences
+    with pytest.raises(InvalidInputError, match=r"rest_window: .*got 'often'.*Allowed options: .*may_pay_every"):
+        Proposer(config(), options={"rest_window": "often"})
+    with pytest.raises(InvalidInputError, match=r"unknown_knob: Extra inputs are not permitted"):
+        Proposer(config(), options={"unknown_knob": 1})
+    monkeypatch.setenv("GOOSE_VLLM_OPTIONS", '{"min_reach": 0.25, "rest_steps": 4}')
+    p = Proposer(config())
+    assert p.options.min_reach == 0.25 and p.options.rest_steps == 4 and p.options.sources == "pld{max_chain=4}"
+    monkeypatch.setenv("GOOSE_VLLM_OPTIONS", "{min_reach: 0.25}")
+    with pytest.raises(InvalidInputError, match="GOOSE_VLLM_OPTIONS is not a JSON object"):
+        Proposer(config())
 
 
 
@@ -636,7 +640,7 @@ def test_forget_drops_the_history_learned_across_requests():
 def test_resting_sources_are_not_asked(monkeypatch):
     """The proposer's own time per step stays small where drafting does not pay: while its sources rest, no
     source is asked (what is left is matching rows to requests); counted, not timed."""
-    import goose.vllm as gv
+    import goose.vllm.proposer as gv
 
     calls = []
     real = gv.call_source
@@ -933,7 +937,7 @@ def test_lumpy_savings_are_judged_by_window_and_a_rest_ends_in_a_fresh_trial():
         t += dt
         p._weigh(t, tokens, False)
         booked += 1
-    assert p.counts["rests"] == 1 and rested == p.rest_steps, (p.counts, rested)
+    assert p.counts["rests"] == 1 and rested == p.options.rest_steps, (p.counts, rested)
 
 
 
@@ -1116,7 +1120,7 @@ def sampled_requests(recent_decay: float) -> tuple[Proposer, list[int]]:
     drafted row on 38 ms (one request on this project's CPU, where nearly any chain pays if it is right a few
     times in a hundred); the tokens drafted for each request."""
     p = Proposer(config(k=8, max_len=600), sources=["pld", "suffix"])
-    p.recent_decay = recent_decay
+    p.options = p.options.model_copy(update={"recent_decay": recent_decay})
     eng = RejectingEngine(p, lambda rows: 0.0368 + 0.0012 * rows)
     eng.rejected = None  # every request's drafts rejected
     full = text(20, 160)  # the same text each time: the sources offer each request alike
@@ -1132,9 +1136,9 @@ def test_a_new_request_starts_from_what_the_recent_requests_drafts_earned():
     starts from the recent requests' accepted-over-expected factor, so after the first ones little is drafted.
     Fault (``recent_decay`` 0: every request starts from 1, as before): each request drafts about as much as the
     first, 70-80 tokens. And after many steps with nothing drafted the factor is back at 1."""
-    p, on = sampled_requests(Proposer.recent_decay)
+    p, on = sampled_requests(ProposerOptions().recent_decay)
     _, off = sampled_requests(0.0)
     assert sum(on[1:]) * 3 <= sum(off[1:]), (on, off)
     assert p.recent_factor() < 0.5, p.recent
-    p.recent = [x * p.recent_decay ** 600 for x in p.recent]  # 600 steps with nothing drafted
+    p.recent = [x * p.options.recent_decay ** 600 for x in p.recent]  # 600 steps with nothing drafted
     assert p.recent_factor() > 0.95, p.recent

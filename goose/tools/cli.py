@@ -55,6 +55,17 @@ def options_markdown() -> str:
                 desc = (info.description or "").replace("|", "\\|")
                 out.append(f"| `{f}` | {default_cell(f, info, e.defaults)} | {desc} |")
             out.append("")
+    from goose.vllm.options import ProposerOptions
+
+    out += ["## The vLLM proposer (`goose.vllm.Proposer`)", "",
+            "Not a registered component: the options of the proposer vLLM builds from `goose.vllm.Proposer`, given as a",
+            "JSON object in `$GOOSE_VLLM_OPTIONS` (the sources also as `$GOOSE_VLLM_SOURCES`), or as",
+            "`Proposer(vllm_config, options={...})` (`goose.vllm.options.ProposerOptions`; docs/vllm.md).", "",
+            "| option | default | description |", "| --- | --- | --- |"]
+    for f, info in ProposerOptions.model_fields.items():
+        desc = (info.description or "").replace("|", "\\|")
+        out.append(f"| `{f}` | {default_cell(f, info, {})} | {desc} |")
+    out.append("")
     return "\n".join(out)
 
 
