@@ -173,6 +173,47 @@ def test_missing_numba_is_refused_with_a_hint(monkeypatch):
         goose.compose(_f32("llama"), None, sources=["pld"], policy="chain", verifier_options={"linear": "stream"})
 
 
+_WIDTH_PROBE = """
+import json, re, sys
+import numpy as np
+import numba
+from goose.verifiers import stream
+stream._kernel()  # decides the width (numba has compiled nothing before it), then compiles
+fresh = numba.njit(parallel=True, fastmath=True, cache=False, boundscheck=False)(stream._xwt)  # inspectable
+x, w, o = np.ones((2, 576), np.float32), np.ones((24, 576), np.float32), np.zeros((2, 24), np.float32)
+fresh(x, w, o)
+asm = "\\n".join(fresh.inspect_asm().values())
+fma = {r: len(re.findall(r"vfmadd\\w+[^\\n]*%s" % r, asm)) for r in ("zmm", "ymm")}
+print(json.dumps({"width": stream.vector_width(), "fma": fma, "ok": bool((o == 576).all())}))
+"""
+
+
+def _width_probe(**env):
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _WIDTH_PROBE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **env}, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif("avx512f" not in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else True,
+                    reason="needs a CPU with AVX-512")
+def test_the_kernel_multiplies_in_512_bit_vectors_where_llvm_would_prefer_256():
+    # LLVM's tuning for Sapphire Rapids (the AMX Xeons') prefers 256-bit vectors: compiled for that CPU
+    # with numba's own choice, the kernel's multiply-adds are ymm; with the width Goose asks for, zmm
+    spr = {"NUMBA_CPU_NAME": "sapphirerapids"}
+    wide = _width_probe(**spr)
+    assert wide["ok"] and wide["width"]["bits"] == 512
+    assert wide["fma"]["zmm"] >= 24 and wide["fma"]["ymm"] < wide["fma"]["zmm"] / 4, wide  # the main loop: 24 sums
+    default = _width_probe(**spr, GOOSE_STREAM_WIDE="0")
+    assert default["ok"] and default["width"]["bits"] is None and "GOOSE_STREAM_WIDE=0" in default["width"]["why"]
+    assert default["fma"]["zmm"] == 0 and default["fma"]["ymm"] >= 24, default
+    # a width numba was told: Goose leaves it
+    told = _width_probe(**spr, NUMBA_CPU_FEATURES="+avx2,+fma,+avx512f")
+    assert told["width"]["bits"] is None and "NUMBA_CPU_FEATURES" in told["width"]["why"]
+
+
 def stream_greedy(model, prompt, n):
     """Greedy decoding under the kernel, written plainly: the prompt in one stock forward, then one
     token per forward with every linear layer through the kernel."""

@@ -170,6 +170,50 @@ def _xwt_rest(x, w, out, start):
 
 
 
+# Set to 0 to compile the kernel with numba's own choice of vector width (see _wide_vectors).
+WIDE_ENV = "GOOSE_STREAM_WIDE"
+_width: dict = {}  # "bits": the vector width asked of LLVM (512, or None: numba's default), "why": how it was decided
+
+
+def _wide_vectors(numba) -> None:
+    """Ask LLVM for 512-bit vectors in the numba code compiled from now on, where the CPU has AVX-512.
+
+    LLVM's tuning for Intel's server cores (Skylake-SP to Sapphire Rapids) prefers 256-bit vectors
+    even where AVX-512 is there, so numba compiled this kernel's inner loop with ymm registers on an
+    AMX Xeon: half the multiply-adds per instruction, and from about 8 rows on the kernel is bound by
+    them (docs/speed.md, "Vector width"). AMD's Zen 4 and Zen 5 tuning already takes 512-bit vectors.
+    The features numba passes to LLVM are the host's plus ``-prefer-256-bit``; LLVM then uses
+    512-bit vectors where its cost model says they pay. numba builds one code generator per process
+    and reads the features once, when it compiles its first function, so this applies to numba code
+    compiled later in the process too (a tuning preference: results are as exact as before), and
+    it does nothing where numba has already compiled something, where ``NUMBA_CPU_FEATURES`` is set
+    or where ``$GOOSE_STREAM_WIDE`` is 0. :func:`vector_width` says which applied.
+    """
+    import os
+
+    from numba.core import codegen, config, registry
+
+    if os.environ.get(WIDE_ENV, "1").strip() == "0":
+        _width.update(bits=None, why=f"{WIDE_ENV}=0: numba's default width")
+    elif config.CPU_FEATURES is not None:
+        _width.update(bits=None, why="NUMBA_CPU_FEATURES is set: the features it names")
+    elif "_toplevel_target_context" in vars(registry.cpu_target):
+        _width.update(bits=None, why="numba compiled code before Goose's kernel: its code generator's width")
+    else:
+        features = codegen.get_host_cpu_features()
+        if "+avx512f" not in features.split(","):
+            _width.update(bits=None, why="no AVX-512: numba's default width")
+        else:
+            config.CPU_FEATURES = features + ",-prefer-256-bit"
+            _width.update(bits=512, why="AVX-512: LLVM asked to prefer 512-bit vectors")
+
+
+def vector_width() -> dict:
+    """{"bits": 512 or None (numba's default), "why": str}: the vector width the kernel was compiled with."""
+    _kernel()
+    return dict(_width) or {"bits": None, "why": "numba is not available"}
+
+
 @functools.cache
 def _kernel():
     """The compiled kernel, or None where numba cannot be imported (compiled lazily, on first call)."""
@@ -178,6 +222,7 @@ def _kernel():
         import numba
     except ImportError:
         return None
+    _wide_vectors(numba)
     _prange = numba.prange
     global _xwt_rest  # compiled first: the kernel calls it, and numba resolves the global when compiling
     if not isinstance(_xwt_rest, numba.core.registry.CPUDispatcher):
