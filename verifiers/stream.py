@@ -266,21 +266,25 @@ def unavailable_reason(modules) -> str:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` on the CPU, by the streaming kernel."""
+    """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` on the CPU, by the streaming kernel.
+
+    The buffers are numpy arrays handed to torch without a copy: a pass makes about 200 of these calls
+    (SmolLM2: 7 a layer and the head), and torch's allocation and view calls cost more than the
+    kernel's own launch on the small layers."""
     rows, k_dim = x.shape
     if weight.shape[1] != k_dim:
         raise ValueError(f"input has {k_dim} features; the weight takes {weight.shape[1]}")
     numba, serial = _threading()
-    padded = -(-rows // BLOCK) * BLOCK
-    if padded == rows and x.is_contiguous():
-        xp = x
-    else:
-        xp = x.new_zeros((padded, k_dim))
-        xp[:rows] = x
-    w = weight if weight.is_contiguous() else weight.contiguous()
-    out = torch.empty((padded, weight.shape[0]), dtype=torch.float32)
+    xn = x.detach().numpy()
+    if rows % BLOCK or not xn.flags.c_contiguous:
+        xp = np.zeros((rows + rows % BLOCK, k_dim), np.float32)
+        xp[:rows] = xn
+        xn = xp
+    wn = weight.detach().numpy()
+    if not wn.flags.c_contiguous:
+        wn = np.ascontiguousarray(wn)
+    on = np.empty((xn.shape[0], wn.shape[0]), np.float32)
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    xn, wn, on = xp.detach().numpy(), w.detach().numpy(), out.numpy()
     if serial:
         with _serial:
             numba.set_num_threads(threads)
@@ -289,7 +293,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if numba.get_num_threads() != threads:
             numba.set_num_threads(threads)
         _kernel()(xn, wn, on)
-    out = out[:rows]
+    out = torch.from_numpy(on[:rows] if on.shape[0] != rows else on)
     if bias is not None:
         out = out + bias
     return out
