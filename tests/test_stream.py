@@ -192,9 +192,15 @@ def _width_probe(**env):
     import json
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", _WIDTH_PROBE], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **env}, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    import tempfile
+
+    # run outside the clone: with `python -c` the working folder comes first on sys.path, and the
+    # clone's goose/ (which has no verifiers/ inside) would shadow the installed package
+    with tempfile.TemporaryDirectory() as cwd:
+        run = subprocess.run([sys.executable, "-c", _WIDTH_PROBE], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **env}, cwd=cwd)
+    assert run.returncode == 0, f"the width probe under {env} exited {run.returncode}:\n{run.stderr[-3000:]}"
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif("avx512f" not in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else True,
@@ -286,6 +292,7 @@ def test_auto_runs_the_calibrated_sizes_one_row_included(monkeypatch):
     v._resolve_forms()
     assert (v._form_for(1), v._form_for(2), v._form_for(4), v._form_for(3)) == ("stream", "skinny", "stream", None)
     assert v.linear_info()["stream"] and v.linear_info()["stream_extra_mib"] == 0.0
+    assert v.linear_info()["stream_vector_bits"] == stream.vector_width()["bits"]
     forced = goose.compose(model, None, sources=["pld"], policy="chain", budget=8, verifier_options={"linear": "skinny"})
     assert forced.verifier._form_for(1) is None and forced.verifier._form_for(3) == "skinny"
 

@@ -294,6 +294,8 @@ class GreedyTreeVerifier(Verifier):
             "pack_limit_mib": round(skinny.pack_limit(self.options.pack_limit_mib) / 2**20),
             "stream": streaming,
             "stream_extra_mib": 0.0,
+            # the vector width the kernel was compiled with (512-bit asked for where the CPU has AVX-512)
+            "stream_vector_bits": stream.vector_width()["bits"] if streaming else None,
             "forms": {str(k): f for k, f in sorted(forms.items())},
         }
 
