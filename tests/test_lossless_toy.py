@@ -186,8 +186,13 @@ def test_fault_kv_commit_off_by_one_is_caught(monkeypatch):
 
     monkeypatch.setattr(GreedyTreeVerifier, "commit", keep_one_less)
     exc = _property_fails()
-    # a cache one position short no longer fits the next tree's mask: the verifier says so, naming itself
-    assert isinstance(exc, goose.VerifierError) and exc.hook == "verify" and "does not fit" in str(exc), repr(exc)
+    # a cache one position short is caught either way the random search meets it first: the next tree's
+    # mask no longer fits the cache (the toy model refuses it; the verifier names itself), or the pass
+    # runs on the short cache and the output diverges from greedy decoding (seen in a full CI-profile run)
+    if isinstance(exc, goose.VerifierError):
+        assert exc.hook == "verify" and "does not fit" in str(exc), repr(exc)
+    else:
+        _diverged(exc)
 
 
 def test_unbroken_property_passes_the_same_search():
