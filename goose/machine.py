@@ -40,7 +40,7 @@ def cpu() -> dict:
 # AMX runs as an AVX2-only one under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2.
 # numba's target CPU and features, and GOOSE_STREAM_WIDE, decide the stream kernel's vector width.
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
-           "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "GOOSE_STREAM_WIDE")
+           "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "GOOSE_STREAM_WIDE", "GOOSE_STREAM_KERNEL")
 
 
 def kernels() -> dict:

@@ -61,12 +61,14 @@ def test_kernel_equals_linear_on_the_models_shapes(model):
         _close_to_float64(stream.linear(x, w, b), x, w, b)
 
 
-def test_rows_are_invariant_to_what_shares_the_pass():
+@pytest.mark.parametrize("k_dim", [96, 100])
+def test_rows_are_invariant_to_what_shares_the_pass(k_dim):
     """A row's result, bit for bit: alone, in any order among others, beside different rows, at any
-    row count and with one thread or two."""
+    row count and with one thread or two (an inner dimension of 100: the last 100 % 16 columns, past
+    the 16-lane vectors, included)."""
     g = torch.Generator().manual_seed(2)
-    w = torch.randn(1037, 96, generator=g)  # 1037: blocks of twelve and a tail of five rows
-    x = torch.randn(64, 96, generator=g)
+    w = torch.randn(1037, k_dim, generator=g)  # 1037: blocks of six and of twelve, and a tail of five rows
+    x = torch.randn(64, k_dim, generator=g)
     full = stream.linear(x, w)
     for rows in ROWS:
         part = stream.linear(x[:rows], w)
@@ -75,7 +77,7 @@ def test_rows_are_invariant_to_what_shares_the_pass():
     assert torch.equal(alone, full)
     perm = torch.randperm(64, generator=g)
     assert torch.equal(stream.linear(x[perm], w)[perm.argsort()], full)
-    other = torch.randn(7, 96, generator=g)
+    other = torch.randn(7, k_dim, generator=g)
     assert torch.equal(stream.linear(torch.cat([other, x[:9]]), w)[7:], full[:9])
     threads = torch.get_num_threads()
     try:
@@ -188,19 +190,53 @@ print(json.dumps({"width": stream.vector_width(), "fma": fma, "ok": bool((o == 5
 """
 
 
-def _width_probe(**env):
-    import json
+def _run_probe(code, **env):
     import subprocess
-
     import tempfile
 
     # run outside the clone: with `python -c` the working folder comes first on sys.path, and the
     # clone's goose/ (which has no verifiers/ inside) would shadow the installed package
     with tempfile.TemporaryDirectory() as cwd:
-        run = subprocess.run([sys.executable, "-c", _WIDTH_PROBE], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, **env}, cwd=cwd)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env}, cwd=cwd)
+
+
+def _width_probe(**env):
+    import json
+
+    run = _run_probe(_WIDTH_PROBE, **env)
     assert run.returncode == 0, f"the width probe under {env} exited {run.returncode}:\n{run.stderr[-3000:]}"
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+_KERNEL_PROBE = """
+import json
+import torch
+from goose.verifiers import stream
+g = torch.Generator().manual_seed(5)
+x, w = torch.randn(7, 100, generator=g), torch.randn(45, 100, generator=g)
+err = (stream.linear(x, w).double() - x.double() @ w.double().T).abs().max().item()
+print(json.dumps({"info": stream.kernel_info(), "err": err}))
+"""
+
+
+def test_the_kernel_choice_and_a_bad_one():
+    import json
+
+    avx512 = stream._avx512(__import__("numba"))
+    assert stream.kernel_info()["kernel"] == ("blocks" if avx512 else "loop")
+    assert stream.row_multiple() == (4 if avx512 else 2)
+    loop = _run_probe(_KERNEL_PROBE, GOOSE_STREAM_KERNEL="loop")
+    assert loop.returncode == 0, loop.stderr[-3000:]
+    got = json.loads(loop.stdout.strip().splitlines()[-1])
+    assert got["info"] == {"kernel": "loop", "rows": 2, "why": "$GOOSE_STREAM_KERNEL=loop"} and got["err"] < 1e-4, got
+    bad = _run_probe(_KERNEL_PROBE, GOOSE_STREAM_KERNEL="fast")
+    assert bad.returncode != 0
+    assert "$GOOSE_STREAM_KERNEL='fast' is not a stream kernel. Allowed: 'auto'" in bad.stderr, bad.stderr[-3000:]
+    assert "Hint: unset it" in bad.stderr
+    if not avx512:
+        blocks = _run_probe(_KERNEL_PROBE, GOOSE_STREAM_KERNEL="blocks")
+        assert blocks.returncode != 0 and "'blocks' needs AVX-512" in blocks.stderr, blocks.stderr[-3000:]
 
 
 @pytest.mark.skipif("avx512f" not in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else True,

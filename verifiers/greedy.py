@@ -296,6 +296,7 @@ class GreedyTreeVerifier(Verifier):
             "stream_extra_mib": 0.0,
             # the vector width the kernel was compiled with (512-bit asked for where the CPU has AVX-512)
             "stream_vector_bits": stream.vector_width()["bits"] if streaming else None,
+            "stream_kernel": stream.kernel_info().get("kernel") if streaming else None,
             "forms": {str(k): f for k, f in sorted(forms.items())},
         }
 

@@ -7,15 +7,18 @@ Qwen2.5-Coder-1.5B's 151,936 x 1,536 head 57 ms and 157 ms (docs/speed.md). This
 weight in blocks of twelve rows; each block is loaded once and multiplied with every input row from
 cache, two input rows at a time, 24 running sums held in registers (the loop over the inner
 dimension is vectorised by LLVM), threads splitting the blocks. The same heads took 4.2 ms and
-7.4 ms, 20 ms and 53 ms.
+7.4 ms, 20 ms and 53 ms. Where the CPU has AVX-512 the kernel is instead verifiers/stream_ir.py's:
+blocks of six weight rows against four input rows, its vector loop written as LLVM IR so that it
+can prefetch the next block while it multiplies this one (:func:`kernel_info` says which runs;
+``$GOOSE_STREAM_KERNEL=loop`` keeps numba's loop). The properties below hold for both.
 
 Properties the verifier relies on:
 
 - **The weights' own layout**: nothing is packed or copied; the only extra memory is the input
   padded to an even row count and the output.
 - **Row invariance**: every output element is computed by the same instruction sequence (a row
-  alone is padded to two; a weight's last rows that fill no block of twelve go through one loop of
-  their own), so a row's result does not depend on which other rows share the pass, nor on the
+  alone is padded to the kernel's row multiple; a weight's last rows that fill no block go through
+  one loop of their own), so a row's result does not depend on which other rows share the pass, nor on the
   thread count (each output element is summed by one thread). tests/test_stream.py checks it bit
   for bit.
 - **Rounding**: the sums run in another order than MKL's, so a result differs from ``F.linear``'s
@@ -214,9 +217,22 @@ def vector_width() -> dict:
     return dict(_width) or {"bits": None, "why": "numba is not available"}
 
 
+# Set to "loop" to run numba's loop kernel where the IR block kernel would run (see _kernel).
+KERNEL_ENV = "GOOSE_STREAM_KERNEL"
+_choice: dict = {}  # "kernel": "blocks" or "loop", "rows": the input-row multiple it pads to, "why"
+
+
 @functools.cache
 def _kernel():
-    """The compiled kernel, or None where numba cannot be imported (compiled lazily, on first call)."""
+    """``kernel(x, w, out)`` computing ``out = x @ w.T`` (x's rows a multiple of :func:`row_multiple`),
+    or None where numba cannot be imported. Compiled lazily, on first call.
+
+    Where LLVM was asked for 512-bit vectors (AVX-512), it is the block kernel of
+    verifiers/stream_ir.py (six weight rows against four input rows, written as IR, prefetching the
+    next weight block); elsewhere, or with ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve
+    weight rows against two input rows)."""
+    import os
+
     global _prange
     try:
         import numba
@@ -224,10 +240,52 @@ def _kernel():
         return None
     _wide_vectors(numba)
     _prange = numba.prange
-    global _xwt_rest  # compiled first: the kernel calls it, and numba resolves the global when compiling
+    global _xwt_rest  # compiled first: the kernels call it, and numba resolves the global when compiling
     if not isinstance(_xwt_rest, numba.core.registry.CPUDispatcher):
         _xwt_rest = numba.njit(fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt_rest)
+    asked = os.environ.get(KERNEL_ENV, "auto").strip() or "auto"
+    if asked not in ("auto", "blocks", "loop"):
+        raise ValueError(f"${KERNEL_ENV}={asked!r} is not a stream kernel. Allowed: 'auto' (the IR block kernel "
+                         "where the CPU has AVX-512, numba's loop elsewhere), 'blocks', 'loop'. Hint: unset it.")
+    avx512 = _avx512(numba)
+    if asked == "blocks" and not avx512:
+        raise ValueError(f"${KERNEL_ENV}='blocks' needs AVX-512, which numba's target here lacks. "
+                         "Allowed here: 'auto', 'loop'. Hint: unset it.")
+    if avx512 and asked != "loop":
+        from . import stream_ir
+
+        blocks = stream_ir.compile_blocks()
+        rest, step = _xwt_rest, stream_ir.W_ROWS
+
+        def kernel(x, w, out):
+            blocks(x, w, out, numba.get_num_threads())
+            if w.shape[0] % step:
+                rest(x, w, out, w.shape[0] - w.shape[0] % step)
+
+        _choice.update(kernel="blocks", rows=stream_ir.X_ROWS, why="AVX-512: the IR block kernel")
+        return kernel
+    _choice.update(kernel="loop", rows=BLOCK, why=f"${KERNEL_ENV}=loop" if asked == "loop" else "no AVX-512: numba's loop")
     return numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
+
+
+def _avx512(numba) -> bool:
+    """Whether the CPU numba compiles for has AVX-512 (the features numba was told, else the host's)."""
+    from numba.core import codegen, config
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
+    return "+avx512f" in features.split(",")
+
+
+def row_multiple() -> int:
+    """The multiple of input rows the kernel runs on (the input is padded to it)."""
+    _kernel()
+    return _choice.get("rows", BLOCK)
+
+
+def kernel_info() -> dict:
+    """{"kernel": "blocks" or "loop", "rows": the row multiple, "why": str} (empty where numba is missing)."""
+    _kernel()
+    return dict(_choice)
 
 
 @functools.cache
@@ -236,8 +294,9 @@ def _threading():
     import numba
 
     k = _kernel()
-    x = np.zeros((BLOCK, 8), np.float32)
-    k(x, np.zeros((W_BLOCK + 1, 8), np.float32), np.zeros((BLOCK, W_BLOCK + 1), np.float32))
+    rows = row_multiple()
+    x = np.zeros((rows, 8), np.float32)
+    k(x, np.zeros((W_BLOCK + 1, 8), np.float32), np.zeros((rows, W_BLOCK + 1), np.float32))
     return numba, numba.threading_layer() == "workqueue"
 
 
@@ -276,8 +335,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"input has {k_dim} features; the weight takes {weight.shape[1]}")
     numba, serial = _threading()
     xn = x.detach().numpy()
-    if rows % BLOCK or not xn.flags.c_contiguous:
-        xp = np.zeros((rows + rows % BLOCK, k_dim), np.float32)
+    block = row_multiple()
+    if rows % block or not xn.flags.c_contiguous:
+        xp = np.zeros((-(-rows // block) * block, k_dim), np.float32)
         xp[:rows] = xn
         xn = xp
     wn = weight.detach().numpy()

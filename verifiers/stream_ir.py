@@ -1,0 +1,123 @@
+"""The stream kernel's inner loop written in LLVM IR, for CPUs with AVX-512 (verifiers/stream.py).
+
+numba's loop (``stream._xwt``) leaves the vectorising to LLVM, and two things cannot be asked of it
+from Python: a prefetch inside the vectorised loop (LLVM then stops vectorising it), and which
+values stay in registers. Here one *job*, six weight rows against four input rows, is built as IR
+with explicit ``<16 x float>`` multiply-adds into 24 vector sums, and while it runs over the inner
+dimension it prefetches, line by line, some of the rows of the weight block its thread reads next.
+On an AMX Xeon the read of a block and the arithmetic on the previous one then overlap; without
+the prefetch they add up (docs/speed.md, "Tree passes against transformers' step").
+
+The arithmetic of one output element does not depend on the job's neighbours, on the row count or
+on the thread count: sixteen lanes of fused multiply-adds over the inner dimension in steps of 16,
+a fixed tree of halving adds (16, 8, 4, 2, 1), then the last ``k % 16`` products added one at a time.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LANES = 16  # float32 lanes of a 512-bit vector
+W_ROWS = 6  # weight rows per job
+X_ROWS = 4  # input rows per job; the input is padded to a multiple of it
+
+_f32 = ir.FloatType()
+_vec = ir.VectorType(_f32, LANES)
+_i8p = ir.IntType(8).as_pointer()
+_i32 = ir.IntType(32)
+_i64 = ir.IntType(64)
+
+
+def _sum_lanes(builder, v):
+    """The lanes of v added in a fixed tree: halves added until one lane is left."""
+    n = LANES
+    while n > 1:
+        half = n // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, half), list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, half), list(range(half, n))))
+        v = builder.fadd(lo, hi)
+        n = half
+    return builder.extract_element(v, _i32(0))
+
+
+@intrinsic
+def _job(typingctx, x, w, out, o, r, pf_row, pf_rows):
+    """out[r:r+4, o:o+6] = x[r:r+4] @ w[o:o+6].T, prefetching rows pf_row..pf_row+pf_rows-1 of w as it goes."""
+    if not all(isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32 for a in (x, w, out)):
+        return None
+    sig = types.void(x, w, out, o, r, pf_row, pf_rows)
+
+    def codegen(context, builder, signature, args):
+        xa, wa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], args[:3]))
+        o_, r_, pf_row_, pf_rows_ = (context.cast(builder, a, t, types.int64) for a, t in zip(args[3:], signature.args[3:]))
+        k_dim = builder.extract_value(xa.shape, 1)
+        o_dim = builder.extract_value(oa.shape, 1)
+        vp = _vec.as_pointer()
+        wrow = [builder.gep(wa.data, [builder.mul(builder.add(o_, _i64(j)), k_dim)]) for j in range(W_ROWS)]
+        xrow = [builder.gep(xa.data, [builder.mul(builder.add(r_, _i64(i)), k_dim)]) for i in range(X_ROWS)]
+        sums = []
+        for _ in range(W_ROWS * X_ROWS):
+            s = cgutils.alloca_once(builder, _vec)
+            builder.store(ir.Constant(_vec, [0.0] * LANES), s)
+            sums.append(s)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec, [_vec] * 3), "llvm.fma.v16f32")
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_i8p, _i32, _i32, _i32]), "llvm.prefetch.p0")
+        steps = builder.udiv(k_dim, _i64(LANES))
+        with cgutils.for_range(builder, steps) as loop:
+            k = builder.mul(loop.index, _i64(LANES))
+            xs = [builder.load(builder.bitcast(builder.gep(p, [k]), vp), align=4) for p in xrow]
+            for j in range(W_ROWS):
+                wv = builder.load(builder.bitcast(builder.gep(wrow[j], [k]), vp), align=4)
+                for i in range(X_ROWS):
+                    s = sums[j * X_ROWS + i]
+                    builder.store(builder.call(fma, [wv, xs[i], builder.load(s)]), s)
+            with cgutils.for_range(builder, pf_rows_) as pf:  # one cache line of each row to prefetch
+                line = builder.gep(wa.data, [builder.add(builder.mul(builder.add(pf_row_, pf.index), k_dim), k)])
+                builder.call(prefetch, [builder.bitcast(line, _i8p), _i32(0), _i32(3), _i32(1)])
+        totals = []
+        for s in sums:
+            t = cgutils.alloca_once(builder, _f32)
+            builder.store(_sum_lanes(builder, builder.load(s)), t)
+            totals.append(t)
+        with cgutils.for_range_slice(builder, builder.mul(steps, _i64(LANES)), k_dim, _i64(1), inc=True) as (k, _):
+            xs = [builder.load(builder.gep(p, [k])) for p in xrow]
+            for j in range(W_ROWS):
+                wv = builder.load(builder.gep(wrow[j], [k]))
+                for i in range(X_ROWS):
+                    t = totals[j * X_ROWS + i]
+                    builder.store(builder.fadd(builder.load(t), builder.fmul(wv, xs[i])), t)
+        for j in range(W_ROWS):
+            for i in range(X_ROWS):
+                at = builder.add(builder.mul(builder.add(r_, _i64(i)), o_dim), builder.add(o_, _i64(j)))
+                builder.store(builder.load(totals[j * X_ROWS + i]), builder.gep(oa.data, [at]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _xwt_blocks(x, w, out, chunks):
+    # out[:, :o] = x @ w[:o].T for o the weight rows in whole blocks of six; each of `chunks` threads
+    # takes a run of blocks, and each job on a block prefetches its share of the next block's rows
+    n = x.shape[0]
+    blocks = w.shape[0] // 6
+    jobs = n // 4
+    for c in numba.prange(chunks):
+        b0 = c * blocks // chunks
+        b1 = (c + 1) * blocks // chunks
+        for b in range(b0, b1):
+            o = b * 6
+            for p in range(jobs):
+                lo = p * 6 // jobs
+                share = (p + 1) * 6 // jobs - lo if b + 1 < b1 else 0
+                _job(x, w, out, np.int64(o), np.int64(4 * p), np.int64(o + 6 + lo), np.int64(share))
+
+
+def compile_blocks():
+    """The compiled block kernel (numba caches it on disk like the loop kernel)."""
+    return numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt_blocks)
