@@ -46,7 +46,8 @@ class TreeVerifierOptions(Options):
         description="linear layers of the verifier's passes: 'stock' F.linear; 'skinny' weight @ x.T (2-64 nodes); "
         "'packed' MKL's GEMM on weights packed once (2-64 nodes; float32 CPU; 1-4x each weight's memory, within "
         "pack_limit_mib) (verifiers/skinny.py); 'stream' a numba kernel that reads each weight once per pass, in "
-        "its own layout (1-64 nodes, one-token steps included; float32 CPU; verifiers/stream.py); 'auto' the "
+        "its own layout (1-64 nodes, one-token steps included; float32 CPU; verifiers/stream.py; where the CPU has "
+        "AVX-512 its IR block kernel, verifiers/stream_ir.py, $GOOSE_STREAM_KERNEL=loop for numba's loop); 'auto' the "
         "fastest per size, as the cached latency calibration measured (stock where none is cached). The "
         "prompt's prefill always runs stock",
     )
