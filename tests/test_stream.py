@@ -61,6 +61,16 @@ def test_kernel_equals_linear_on_the_models_shapes(model):
         _close_to_float64(stream.linear(x, w, b), x, w, b)
 
 
+@pytest.mark.parametrize("k_dim", [8, 24, 100, 577])
+def test_kernel_equals_linear_at_inner_dimensions_past_the_vectors(k_dim):
+    """The last k % 16 columns (all of them below 16) count: the model shapes above are multiples of 16."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(41, k_dim, generator=g)  # blocks of six and twelve, and a tail of five rows
+    for rows in (1, 2, 3, 5, 8):
+        x = torch.randn(rows, k_dim, generator=g)
+        _close_to_float64(stream.linear(x, w), x, w)
+
+
 @pytest.mark.parametrize("k_dim", [96, 100])
 def test_rows_are_invariant_to_what_shares_the_pass(k_dim):
     """A row's result, bit for bit: alone, in any order among others, beside different rows, at any
