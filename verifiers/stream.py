@@ -15,7 +15,7 @@ can prefetch the next block while it multiplies this one (:func:`kernel_info` sa
 Properties the verifier relies on:
 
 - **The weights' own layout**: nothing is packed or copied; the only extra memory is the input
-  padded to an even row count and the output.
+  padded to the kernel's row multiple (:func:`row_multiple`) and the output.
 - **Row invariance**: every output element is computed by the same instruction sequence (a row
   alone is padded to the kernel's row multiple; a weight's last rows that fill no block go through
   one loop of their own), so a row's result does not depend on which other rows share the pass, nor on the
@@ -204,7 +204,7 @@ def _wide_vectors(numba) -> None:
         _width.update(bits=None, why="numba compiled code before Goose's kernel: its code generator's width")
     else:
         features = codegen.get_host_cpu_features()
-        if "+avx512f" not in features.split(","):
+        if not _avx512(features):
             _width.update(bits=None, why="no AVX-512: numba's default width")
         else:
             config.CPU_FEATURES = features + ",-prefer-256-bit"
@@ -227,7 +227,7 @@ def _kernel():
     """``kernel(x, w, out)`` computing ``out = x @ w.T`` (x's rows a multiple of :func:`row_multiple`),
     or None where numba cannot be imported. Compiled lazily, on first call.
 
-    Where LLVM was asked for 512-bit vectors (AVX-512), it is the block kernel of
+    Where numba's target CPU has AVX-512, it is the block kernel of
     verifiers/stream_ir.py (six weight rows against four input rows, written as IR, prefetching the
     next weight block); elsewhere, or with ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve
     weight rows against two input rows)."""
@@ -247,7 +247,7 @@ def _kernel():
     if asked not in ("auto", "blocks", "loop"):
         raise ValueError(f"${KERNEL_ENV}={asked!r} is not a stream kernel. Allowed: 'auto' (the IR block kernel "
                          "where the CPU has AVX-512, numba's loop elsewhere), 'blocks', 'loop'. Hint: unset it.")
-    avx512 = _avx512(numba)
+    avx512 = _avx512()
     if asked == "blocks" and not avx512:
         raise ValueError(f"${KERNEL_ENV}='blocks' needs AVX-512, which numba's target here lacks. "
                          "Allowed here: 'auto', 'loop'. Hint: unset it.")
@@ -268,11 +268,12 @@ def _kernel():
     return numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
 
 
-def _avx512(numba) -> bool:
-    """Whether the CPU numba compiles for has AVX-512 (the features numba was told, else the host's)."""
-    from numba.core import codegen, config
+def _avx512(features: str | None = None) -> bool:
+    """Whether an LLVM feature string (default: the one numba compiles with, else the host's) has AVX-512."""
+    if features is None:
+        from numba.core import codegen, config
 
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
+        features = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
     return "+avx512f" in features.split(",")
 
 

@@ -5,8 +5,8 @@ from Python: a prefetch inside the vectorised loop (LLVM then stops vectorising 
 values stay in registers. Here one *job*, six weight rows against four input rows, is built as IR
 with explicit ``<16 x float>`` multiply-adds into 24 vector sums, and while it runs over the inner
 dimension it prefetches, line by line, some of the rows of the weight block its thread reads next.
-On an AMX Xeon the read of a block and the arithmetic on the previous one then overlap; without
-the prefetch they add up (docs/speed.md, "Tree passes against transformers' step").
+On an AMX Xeon the read of a block then overlaps, in part, the arithmetic on the one before;
+without the prefetch they add up (docs/speed.md, "Tree passes against transformers' step").
 
 The arithmetic of one output element does not depend on the job's neighbours, on the row count or
 on the thread count: sixteen lanes of fused multiply-adds over the inner dimension in steps of 16,
