@@ -15,9 +15,10 @@ can prefetch the next block while it multiplies this one (:func:`kernel_info` sa
 Properties the verifier relies on:
 
 - **The weights' own layout**: nothing is packed or copied; the only extra memory is the input
-  padded to the kernel's row multiple (:func:`row_multiple`) and the output.
+  padded to the kernel's row multiple (:func:`padded_rows`) and the output.
 - **Row invariance**: every output element is computed by the same instruction sequence (a row
-  alone is padded to the kernel's row multiple; a weight's last rows that fill no block go through
+  alone is padded to the kernel's row multiple, or, in the block kernel, run by jobs of one or two
+  input rows whose sums are the same instructions; a weight's last rows that fill no block go through
   one loop of their own), so a row's result does not depend on which other rows share the pass, nor on the
   thread count (each output element is summed by one thread). tests/test_stream.py checks it bit
   for bit.
@@ -224,12 +225,12 @@ _choice: dict = {}  # "kernel": "blocks" or "loop", "rows": the input-row multip
 
 @functools.cache
 def _kernel():
-    """``kernel(x, w, out)`` computing ``out = x @ w.T`` (x's rows a multiple of :func:`row_multiple`),
+    """``kernel(x, w, out)`` computing ``out = x @ w.T`` (x's rows as :func:`padded_rows` gives them),
     or None where numba cannot be imported. Compiled lazily, on first call.
 
     Where numba's target CPU has AVX-512, it is the block kernel of
-    verifiers/stream_ir.py (six weight rows against four input rows, written as IR, prefetching the
-    next weight block); elsewhere, or with ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve
+    verifiers/stream_ir.py (six weight rows against four input rows, or against the one or two there
+    are, written as IR, prefetching the next weight block); elsewhere, or with ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve
     weight rows against two input rows)."""
     import os
 
@@ -254,13 +255,22 @@ def _kernel():
     if avx512 and asked != "loop":
         from . import stream_ir
 
-        blocks = stream_ir.compile_blocks()
+        one, two, blocks = stream_ir.compile_blocks()
         rest, step = _xwt_rest, stream_ir.W_ROWS
 
         def kernel(x, w, out):
-            blocks(x, w, out, numba.get_num_threads())
+            n = x.shape[0]
+            (one if n == 1 else two if n == 2 else blocks)(x, w, out, numba.get_num_threads())
             if w.shape[0] % step:
-                rest(x, w, out, w.shape[0] - w.shape[0] % step)
+                start = w.shape[0] - w.shape[0] % step
+                if n % 2:  # the rest loop runs pairs of rows: one row goes through it padded to two
+                    x2 = np.zeros((n + 1, x.shape[1]), np.float32)
+                    x2[:n] = x
+                    out2 = np.empty((n + 1, w.shape[0]), np.float32)
+                    rest(x2, w, out2, start)
+                    out[:, start:] = out2[:n, start:]
+                else:
+                    rest(x, w, out, start)
 
         _choice.update(kernel="blocks", rows=stream_ir.X_ROWS, why="AVX-512: the IR block kernel")
         return kernel
@@ -278,9 +288,18 @@ def _avx512(features: str | None = None) -> bool:
 
 
 def row_multiple() -> int:
-    """The multiple of input rows the kernel runs on (the input is padded to it)."""
+    """The multiple of input rows the kernel pads its input to (the block kernel: past two rows; :func:`padded_rows`)."""
     _kernel()
     return _choice.get("rows", BLOCK)
+
+
+def padded_rows(rows: int) -> int:
+    """The rows the kernel computes for ``rows`` input rows: the block kernel runs one and two rows
+    as they are, more rows padded to its multiple of four; numba's loop pads to a multiple of two."""
+    multiple = row_multiple()
+    if _choice.get("kernel") == "blocks" and rows <= 2:
+        return rows
+    return -(-rows // multiple) * multiple
 
 
 def kernel_info() -> dict:
@@ -336,9 +355,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"input has {k_dim} features; the weight takes {weight.shape[1]}")
     numba, serial = _threading()
     xn = x.detach().numpy()
-    block = row_multiple()
-    if rows % block or not xn.flags.c_contiguous:
-        xp = np.zeros((-(-rows // block) * block, k_dim), np.float32)
+    padded = padded_rows(rows)
+    if padded != rows or not xn.flags.c_contiguous:
+        xp = np.zeros((padded, k_dim), np.float32)
         xp[:rows] = xn
         xn = xp
     wn = weight.detach().numpy()

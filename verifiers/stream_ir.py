@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 
 LANES = 16  # float32 lanes of a 512-bit vector
 W_ROWS = 6  # weight rows per job
-X_ROWS = 4  # input rows per job; the input is padded to a multiple of it
+X_ROWS = 4  # input rows per job past two rows; the input is padded to a multiple of it
 
 _f32 = ir.FloatType()
 _vec = ir.VectorType(_f32, LANES)
@@ -45,65 +45,86 @@ def _sum_lanes(builder, v):
     return builder.extract_element(v, _i32(0))
 
 
-@intrinsic
-def _job(typingctx, x, w, out, o, r, pf_row, pf_rows):
-    """out[r:r+4, o:o+6] = x[r:r+4] @ w[o:o+6].T, prefetching rows pf_row..pf_row+pf_rows-1 of w as it goes."""
-    if not all(isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32 for a in (x, w, out)):
-        return None
-    sig = types.void(x, w, out, o, r, pf_row, pf_rows)
+def _make_job(x_rows: int, unrolled: int = 0):
+    """The intrinsic for one job of six weight rows against ``x_rows`` input rows (4, 2 or 1); with
+    ``unrolled``, it prefetches that many rows from ``pf_row`` on, as straight-line code (its
+    ``pf_rows`` argument unused), else ``pf_rows`` rows in a loop."""
 
-    def codegen(context, builder, signature, args):
-        xa, wa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], args[:3]))
-        o_, r_, pf_row_, pf_rows_ = (context.cast(builder, a, t, types.int64) for a, t in zip(args[3:], signature.args[3:]))
-        k_dim = builder.extract_value(xa.shape, 1)
-        o_dim = builder.extract_value(oa.shape, 1)
-        vp = _vec.as_pointer()
-        wrow = [builder.gep(wa.data, [builder.mul(builder.add(o_, _i64(j)), k_dim)]) for j in range(W_ROWS)]
-        xrow = [builder.gep(xa.data, [builder.mul(builder.add(r_, _i64(i)), k_dim)]) for i in range(X_ROWS)]
-        sums = []
-        for _ in range(W_ROWS * X_ROWS):
-            s = cgutils.alloca_once(builder, _vec)
-            builder.store(ir.Constant(_vec, [0.0] * LANES), s)
-            sums.append(s)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec, [_vec] * 3), "llvm.fma.v16f32")
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [_i8p, _i32, _i32, _i32]), "llvm.prefetch.p0")
-        steps = builder.udiv(k_dim, _i64(LANES))
-        with cgutils.for_range(builder, steps) as loop:
-            k = builder.mul(loop.index, _i64(LANES))
-            xs = [builder.load(builder.bitcast(builder.gep(p, [k]), vp), align=4) for p in xrow]
-            for j in range(W_ROWS):
-                wv = builder.load(builder.bitcast(builder.gep(wrow[j], [k]), vp), align=4)
-                for i in range(X_ROWS):
-                    s = sums[j * X_ROWS + i]
-                    builder.store(builder.call(fma, [wv, xs[i], builder.load(s)]), s)
+    @intrinsic
+    def job(typingctx, x, w, out, o, r, pf_row, pf_rows):
+        """out[r:r+x_rows, o:o+6] = x[r:r+x_rows] @ w[o:o+6].T, prefetching rows pf_row..pf_row+pf_rows-1 of w."""
+        if not all(isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32 for a in (x, w, out)):
+            return None
+        sig = types.void(x, w, out, o, r, pf_row, pf_rows)
+
+        def codegen(context, builder, signature, args):
+            return _job_ir(context, builder, signature, args, x_rows, unrolled)
+
+        return sig, codegen
+
+    return job
+
+
+def _job_ir(context, builder, signature, args, x_rows, unrolled=0):
+    xa, wa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], args[:3]))
+    o_, r_, pf_row_, pf_rows_ = (context.cast(builder, a, t, types.int64) for a, t in zip(args[3:], signature.args[3:]))
+    k_dim = builder.extract_value(xa.shape, 1)
+    o_dim = builder.extract_value(oa.shape, 1)
+    vp = _vec.as_pointer()
+    wrow = [builder.gep(wa.data, [builder.mul(builder.add(o_, _i64(j)), k_dim)]) for j in range(W_ROWS)]
+    xrow = [builder.gep(xa.data, [builder.mul(builder.add(r_, _i64(i)), k_dim)]) for i in range(x_rows)]
+    sums = []
+    for _ in range(W_ROWS * x_rows):
+        s = cgutils.alloca_once(builder, _vec)
+        builder.store(ir.Constant(_vec, [0.0] * LANES), s)
+        sums.append(s)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec, [_vec] * 3), "llvm.fma.v16f32")
+    prefetch = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [_i8p, _i32, _i32, _i32]), "llvm.prefetch.p0")
+    steps = builder.udiv(k_dim, _i64(LANES))
+    with cgutils.for_range(builder, steps) as loop:
+        k = builder.mul(loop.index, _i64(LANES))
+        xs = [builder.load(builder.bitcast(builder.gep(p, [k]), vp), align=4) for p in xrow]
+        for j in range(W_ROWS):
+            wv = builder.load(builder.bitcast(builder.gep(wrow[j], [k]), vp), align=4)
+            for i in range(x_rows):
+                s = sums[j * x_rows + i]
+                builder.store(builder.call(fma, [wv, xs[i], builder.load(s)]), s)
+        if unrolled:
+            for j in range(unrolled):  # one cache line of each row to prefetch
+                line = builder.gep(wa.data, [builder.add(builder.mul(builder.add(pf_row_, _i64(j)), k_dim), k)])
+                builder.call(prefetch, [builder.bitcast(line, _i8p), _i32(0), _i32(3), _i32(1)])
+        else:
             with cgutils.for_range(builder, pf_rows_) as pf:  # one cache line of each row to prefetch
                 line = builder.gep(wa.data, [builder.add(builder.mul(builder.add(pf_row_, pf.index), k_dim), k)])
                 builder.call(prefetch, [builder.bitcast(line, _i8p), _i32(0), _i32(3), _i32(1)])
-        totals = []
-        for s in sums:
-            t = cgutils.alloca_once(builder, _f32)
-            builder.store(_sum_lanes(builder, builder.load(s)), t)
-            totals.append(t)
-        with cgutils.for_range_slice(builder, builder.mul(steps, _i64(LANES)), k_dim, _i64(1), inc=True) as (k, _):
-            xs = [builder.load(builder.gep(p, [k])) for p in xrow]
-            for j in range(W_ROWS):
-                wv = builder.load(builder.gep(wrow[j], [k]))
-                for i in range(X_ROWS):
-                    t = totals[j * X_ROWS + i]
-                    builder.store(builder.fadd(builder.load(t), builder.fmul(wv, xs[i])), t)
+    totals = []
+    for s in sums:
+        t = cgutils.alloca_once(builder, _f32)
+        builder.store(_sum_lanes(builder, builder.load(s)), t)
+        totals.append(t)
+    with cgutils.for_range_slice(builder, builder.mul(steps, _i64(LANES)), k_dim, _i64(1), inc=True) as (k, _):
+        xs = [builder.load(builder.gep(p, [k])) for p in xrow]
         for j in range(W_ROWS):
-            for i in range(X_ROWS):
-                at = builder.add(builder.mul(builder.add(r_, _i64(i)), o_dim), builder.add(o_, _i64(j)))
-                builder.store(builder.load(totals[j * X_ROWS + i]), builder.gep(oa.data, [at]))
-        return context.get_dummy_value()
+            wv = builder.load(builder.gep(wrow[j], [k]))
+            for i in range(x_rows):
+                t = totals[j * x_rows + i]
+                builder.store(builder.fadd(builder.load(t), builder.fmul(wv, xs[i])), t)
+    for j in range(W_ROWS):
+        for i in range(x_rows):
+            at = builder.add(builder.mul(builder.add(r_, _i64(i)), o_dim), builder.add(o_, _i64(j)))
+            builder.store(builder.load(totals[j * x_rows + i]), builder.gep(oa.data, [at]))
+    return context.get_dummy_value()
 
-    return sig, codegen
+
+_job4 = _make_job(4)
+_job2, _job1 = _make_job(2, W_ROWS), _make_job(1, W_ROWS)  # one job a block: it prefetches all of the next
 
 
 def _xwt_blocks(x, w, out, chunks):
-    # out[:, :o] = x @ w[:o].T for o the weight rows in whole blocks of six; each of `chunks` threads
-    # takes a run of blocks, and each job on a block prefetches its share of the next block's rows
+    # out[:, :o] = x @ w[:o].T (x's rows a multiple of four) for o the weight rows in whole blocks of
+    # six; each of `chunks` threads takes a run of blocks, and each job of four input rows on a block
+    # prefetches its share of the next block's rows
     n = x.shape[0]
     blocks = w.shape[0] // 6
     jobs = n // 4
@@ -115,9 +136,33 @@ def _xwt_blocks(x, w, out, chunks):
             for p in range(jobs):
                 lo = p * 6 // jobs
                 share = (p + 1) * 6 // jobs - lo if b + 1 < b1 else 0
-                _job(x, w, out, np.int64(o), np.int64(4 * p), np.int64(o + 6 + lo), np.int64(share))
+                _job4(x, w, out, np.int64(o), np.int64(4 * p), np.int64(o + 6 + lo), np.int64(share))
+
+
+def _xwt_two(x, w, out, chunks):
+    # as _xwt_blocks for two input rows: one job a block, prefetching all of the next block (the
+    # last block of a run prefetches itself: its prefetches are unrolled, so they cannot be skipped)
+    blocks = w.shape[0] // 6
+    for c in numba.prange(chunks):
+        b0 = c * blocks // chunks
+        b1 = (c + 1) * blocks // chunks
+        for b in range(b0, b1):
+            _job2(x, w, out, np.int64(b * 6), np.int64(0), np.int64(b * 6 + 6 if b + 1 < b1 else b * 6), np.int64(0))
+
+
+def _xwt_one(x, w, out, chunks):
+    # as _xwt_blocks for one input row
+    blocks = w.shape[0] // 6
+    for c in numba.prange(chunks):
+        b0 = c * blocks // chunks
+        b1 = (c + 1) * blocks // chunks
+        for b in range(b0, b1):
+            _job1(x, w, out, np.int64(b * 6), np.int64(0), np.int64(b * 6 + 6 if b + 1 < b1 else b * 6), np.int64(0))
 
 
 def compile_blocks():
-    """The compiled block kernel (numba caches it on disk like the loop kernel)."""
-    return numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt_blocks)
+    """``(one, two, blocks)``: the compiled kernels for one input row, two, and a multiple of four
+    (numba caches them on disk like the loop kernel). All three run the same arithmetic per output
+    element, so a row's result does not depend on which of them computed it."""
+    jit = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)
+    return jit(_xwt_one), jit(_xwt_two), jit(_xwt_blocks)
