@@ -255,12 +255,12 @@ def _kernel():
     if avx512 and asked != "loop":
         from . import stream_ir
 
-        one, two, blocks = stream_ir.compile_blocks()
+        few, blocks = stream_ir.compile_blocks()
         rest, step = _xwt_rest, stream_ir.W_ROWS
 
         def kernel(x, w, out):
             n = x.shape[0]
-            (one if n == 1 else two if n == 2 else blocks)(x, w, out, numba.get_num_threads())
+            (few if n <= 2 else blocks)(x, w, out, numba.get_num_threads())
             if w.shape[0] % step:
                 start = w.shape[0] - w.shape[0] % step
                 if n % 2:  # the rest loop runs pairs of rows: one row goes through it padded to two

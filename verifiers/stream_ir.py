@@ -139,30 +139,25 @@ def _xwt_blocks(x, w, out, chunks):
                 _job4(x, w, out, np.int64(o), np.int64(4 * p), np.int64(o + 6 + lo), np.int64(share))
 
 
-def _xwt_two(x, w, out, chunks):
-    # as _xwt_blocks for two input rows: one job a block, prefetching all of the next block (the
-    # last block of a run prefetches itself: its prefetches are unrolled, so they cannot be skipped)
+def _xwt_few(x, w, out, chunks):
+    # as _xwt_blocks for one or two input rows: one job a block, prefetching all of the next block
+    # (the last block of a run prefetches itself: the prefetches are unrolled, so they cannot be skipped)
+    one = x.shape[0] == 1
     blocks = w.shape[0] // 6
     for c in numba.prange(chunks):
         b0 = c * blocks // chunks
         b1 = (c + 1) * blocks // chunks
         for b in range(b0, b1):
-            _job2(x, w, out, np.int64(b * 6), np.int64(0), np.int64(b * 6 + 6 if b + 1 < b1 else b * 6), np.int64(0))
-
-
-def _xwt_one(x, w, out, chunks):
-    # as _xwt_blocks for one input row
-    blocks = w.shape[0] // 6
-    for c in numba.prange(chunks):
-        b0 = c * blocks // chunks
-        b1 = (c + 1) * blocks // chunks
-        for b in range(b0, b1):
-            _job1(x, w, out, np.int64(b * 6), np.int64(0), np.int64(b * 6 + 6 if b + 1 < b1 else b * 6), np.int64(0))
+            o, pf = np.int64(b * 6), np.int64(b * 6 + 6 if b + 1 < b1 else b * 6)
+            if one:
+                _job1(x, w, out, o, np.int64(0), pf, np.int64(0))
+            else:
+                _job2(x, w, out, o, np.int64(0), pf, np.int64(0))
 
 
 def compile_blocks():
-    """``(one, two, blocks)``: the compiled kernels for one input row, two, and a multiple of four
-    (numba caches them on disk like the loop kernel). All three run the same arithmetic per output
+    """``(few, blocks)``: the compiled kernels for one or two input rows and for a multiple of four
+    (numba caches them on disk like the loop kernel). Both run the same arithmetic per output
     element, so a row's result does not depend on which of them computed it."""
     jit = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)
-    return jit(_xwt_one), jit(_xwt_two), jit(_xwt_blocks)
+    return jit(_xwt_few), jit(_xwt_blocks)
