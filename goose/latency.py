@@ -35,7 +35,7 @@ FULL_ROUNDS = 5
 # their form; 128, 96, 80 last: Gemma-3's walk stopped at 64 on the 60% share)
 ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
-CURVE_VERSION = 15  # bump when the measuring method or a kernel it times changes: cached curves are measured anew
+CURVE_VERSION = 16  # bump when the measuring method or a kernel it times changes: cached curves are measured anew
 # A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
 # forms): machines with the same CPU name and flags differ in speed (virtual machines on other hosts)
 # and in which linear-layer form is fastest, and a curve measured under load misleads the fit

@@ -8,8 +8,8 @@ weight in blocks of twelve rows; each block is loaded once and multiplied with e
 cache, two input rows at a time, 24 running sums held in registers (the loop over the inner
 dimension is vectorised by LLVM), threads splitting the blocks. The same heads took 4.2 ms and
 7.4 ms, 20 ms and 53 ms. Where the CPU has AVX-512 the kernel is instead verifiers/stream_ir.py's:
-blocks of six weight rows against four input rows, its vector loop written as LLVM IR so that it
-can prefetch the next block while it multiplies this one (:func:`kernel_info` says which runs;
+blocks of six weight rows against four input rows (against one or two up to six rows), its vector
+loop written as LLVM IR so that it can prefetch the next block while it multiplies this one (:func:`kernel_info` says which runs;
 ``$GOOSE_STREAM_KERNEL=loop`` keeps numba's loop). The properties below hold for both.
 
 Properties the verifier relies on:
@@ -17,8 +17,8 @@ Properties the verifier relies on:
 - **The weights' own layout**: nothing is packed or copied; the only extra memory is the input
   padded to the kernel's row multiple (:func:`padded_rows`) and the output.
 - **Row invariance**: every output element is computed by the same instruction sequence (a row
-  alone is padded to the kernel's row multiple, or, in the block kernel, run by jobs of one or two
-  input rows whose sums are the same instructions; a weight's last rows that fill no block go through
+  alone is padded to the kernel's row multiple, or, in the block kernel, run by a job of one input
+  row whose sums are the same instructions; a weight's last rows that fill no block go through
   one loop of their own), so a row's result does not depend on which other rows share the pass, nor on the
   thread count (each output element is summed by one thread). tests/test_stream.py checks it bit
   for bit.
@@ -225,12 +225,13 @@ _choice: dict = {}  # "kernel": "blocks" or "loop", "rows": the input-row multip
 
 @functools.cache
 def _kernel():
-    """``kernel(x, w, out)`` computing ``out = x @ w.T`` (x's rows as :func:`padded_rows` gives them),
+    """``kernel(x, w, out, threads)`` computing ``out = x @ w.T`` (x's rows as :func:`padded_rows` gives
+    them; ``threads``: the runs of weight blocks the block kernel splits the weight into, one a thread),
     or None where numba cannot be imported. Compiled lazily, on first call.
 
     Where numba's target CPU has AVX-512, it is the block kernel of
-    verifiers/stream_ir.py (six weight rows against four input rows, or against the one or two there
-    are, written as IR, prefetching the next weight block); elsewhere, or with ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve
+    verifiers/stream_ir.py (six weight rows against four input rows, or up to six rows against one or
+    two at a time, written as IR, prefetching the next weight block); elsewhere, or with ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve
     weight rows against two input rows)."""
     import os
 
@@ -258,9 +259,9 @@ def _kernel():
         few, blocks = stream_ir.compile_blocks()
         rest, step = _xwt_rest, stream_ir.W_ROWS
 
-        def kernel(x, w, out):
+        def kernel(x, w, out, threads):
             n = x.shape[0]
-            (few if n <= 2 else blocks)(x, w, out, numba.get_num_threads())
+            (few if n <= stream_ir.FEW_ROWS else blocks)(x, w, out, threads)
             if w.shape[0] % step:
                 start = w.shape[0] - w.shape[0] % step
                 if n % 2:  # the rest loop runs pairs of rows: one row goes through it padded to two
@@ -275,7 +276,8 @@ def _kernel():
         _choice.update(kernel="blocks", rows=stream_ir.X_ROWS, why="AVX-512: the IR block kernel")
         return kernel
     _choice.update(kernel="loop", rows=BLOCK, why=f"${KERNEL_ENV}=loop" if asked == "loop" else "no AVX-512: numba's loop")
-    return numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
+    loop = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
+    return lambda x, w, out, threads: loop(x, w, out)
 
 
 def _avx512(features: str | None = None) -> bool:
@@ -288,18 +290,31 @@ def _avx512(features: str | None = None) -> bool:
 
 
 def row_multiple() -> int:
-    """The multiple of input rows the kernel pads its input to (the block kernel: past two rows; :func:`padded_rows`)."""
+    """The multiple of input rows the kernel pads its input to (the block kernel: past six rows; :func:`padded_rows`)."""
     _kernel()
     return _choice.get("rows", BLOCK)
 
 
 def padded_rows(rows: int) -> int:
-    """The rows the kernel computes for ``rows`` input rows: the block kernel runs one and two rows
-    as they are, more rows padded to its multiple of four; numba's loop pads to a multiple of two."""
-    multiple = row_multiple()
-    if _choice.get("kernel") == "blocks" and rows <= 2:
-        return rows
-    return -(-rows // multiple) * multiple
+    """The rows the kernel computes for ``rows`` input rows: the block kernel runs one row as it is,
+    up to six padded to an even count (jobs of one or two rows), more padded to its multiple of four;
+    numba's loop pads to a multiple of two."""
+    few, multiple = _padding()
+    if rows == 1 and few:
+        return 1
+    return -(-rows // 2) * 2 if rows <= few else -(-rows // multiple) * multiple
+
+
+@functools.cache
+def _padding() -> tuple[int, int]:
+    """(the most rows the block kernel runs in jobs of one or two rows, 0 for numba's loop; the multiple
+    more rows are padded to)."""
+    _kernel()
+    if _choice.get("kernel") != "blocks":
+        return 0, row_multiple()
+    from . import stream_ir
+
+    return stream_ir.FEW_ROWS, row_multiple()
 
 
 def kernel_info() -> dict:
@@ -316,7 +331,7 @@ def _threading():
     k = _kernel()
     rows = row_multiple()
     x = np.zeros((rows, 8), np.float32)
-    k(x, np.zeros((W_BLOCK + 1, 8), np.float32), np.zeros((rows, W_BLOCK + 1), np.float32))
+    k(x, np.zeros((W_BLOCK + 1, 8), np.float32), np.zeros((rows, W_BLOCK + 1), np.float32), 1)
     return numba, numba.threading_layer() == "workqueue"
 
 
@@ -354,6 +369,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.shape[1] != k_dim:
         raise ValueError(f"input has {k_dim} features; the weight takes {weight.shape[1]}")
     numba, serial = _threading()
+    kernel = _kernel()
     xn = x.detach().numpy()
     padded = padded_rows(rows)
     if padded != rows or not xn.flags.c_contiguous:
@@ -368,11 +384,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if serial:
         with _serial:
             numba.set_num_threads(threads)
-            _kernel()(xn, wn, on)
+            kernel(xn, wn, on, threads)
     else:
         if numba.get_num_threads() != threads:
             numba.set_num_threads(threads)
-        _kernel()(xn, wn, on)
+        kernel(xn, wn, on, threads)
     out = torch.from_numpy(on[:rows] if on.shape[0] != rows else on)
     if bias is not None:
         out = out + bias
