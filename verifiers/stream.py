@@ -9,8 +9,9 @@ cache, two input rows at a time, 24 running sums held in registers (the loop ove
 dimension is vectorised by LLVM), threads splitting the blocks. The same heads took 4.2 ms and
 7.4 ms, 20 ms and 53 ms. Where the CPU has AVX-512 the kernel is instead verifiers/stream_ir.py's:
 blocks of six weight rows against four input rows (against one or two up to six rows), its vector
-loop written as LLVM IR so that it can prefetch the next block while it multiplies this one (:func:`kernel_info` says which runs;
-``$GOOSE_STREAM_KERNEL=loop`` keeps numba's loop). The properties below hold for both.
+loop written as LLVM IR so that it can prefetch the next block while it multiplies this one
+(:func:`kernel_info` says which runs; ``$GOOSE_STREAM_KERNEL=loop`` keeps numba's loop). The
+properties below hold for both.
 
 Properties the verifier relies on:
 
@@ -231,8 +232,8 @@ def _kernel():
 
     Where numba's target CPU has AVX-512, it is the block kernel of
     verifiers/stream_ir.py (six weight rows against four input rows, or up to six rows against one or
-    two at a time, written as IR, prefetching the next weight block); elsewhere, or with ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve
-    weight rows against two input rows)."""
+    two at a time, written as IR, prefetching the next weight block); elsewhere, or with
+    ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve weight rows against two input rows)."""
     import os
 
     global _prange
@@ -290,7 +291,8 @@ def _avx512(features: str | None = None) -> bool:
 
 
 def row_multiple() -> int:
-    """The multiple of input rows the kernel pads its input to (the block kernel: past six rows; :func:`padded_rows`)."""
+    """The multiple of input rows the kernel pads its input to (the block kernel: past six rows;
+    :func:`padded_rows`)."""
     _kernel()
     return _choice.get("rows", BLOCK)
 

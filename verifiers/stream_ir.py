@@ -161,8 +161,8 @@ def _xwt_few(x, w, out, chunks):
 
 
 def compile_blocks():
-    """``(few, blocks)``: the compiled kernels for one input row or an even number up to FEW_ROWS, and for a multiple of four
-    (numba caches them on disk like the loop kernel). Both run the same arithmetic per output
-    element, so a row's result does not depend on which of them computed it."""
+    """``(few, blocks)``: the compiled kernels for one input row or an even number up to FEW_ROWS, and
+    for a multiple of four (numba caches them on disk like the loop kernel). Both run the same
+    arithmetic per output element, so a row's result does not depend on which of them computed it."""
     jit = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)
     return jit(_xwt_few), jit(_xwt_blocks)
