@@ -221,7 +221,9 @@ def vector_width() -> dict:
 
 # Set to "loop" to run numba's loop kernel where the IR block kernel would run (see _kernel).
 KERNEL_ENV = "GOOSE_STREAM_KERNEL"
-_choice: dict = {}  # "kernel": "blocks" or "loop", "rows": the input-row multiple it pads to, "why"
+# "kernel": "blocks" or "loop", "rows": the input-row multiple it pads to, "few" (blocks only): up to this
+# many rows run in jobs of one or two rows, "why"
+_choice: dict = {}
 
 
 @functools.cache
@@ -274,7 +276,8 @@ def _kernel():
                 else:
                     rest(x, w, out, start)
 
-        _choice.update(kernel="blocks", rows=stream_ir.X_ROWS, why="AVX-512: the IR block kernel")
+        _choice.update(kernel="blocks", rows=stream_ir.X_ROWS, few=stream_ir.FEW_ROWS,
+                       why="AVX-512: the IR block kernel")
         return kernel
     _choice.update(kernel="loop", rows=BLOCK, why=f"${KERNEL_ENV}=loop" if asked == "loop" else "no AVX-512: numba's loop")
     loop = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
@@ -301,26 +304,15 @@ def padded_rows(rows: int) -> int:
     """The rows the kernel computes for ``rows`` input rows: the block kernel runs one row as it is,
     up to six padded to an even count (jobs of one or two rows), more padded to its multiple of four;
     numba's loop pads to a multiple of two."""
-    few, multiple = _padding()
-    if rows == 1 and few:
-        return 1
-    return -(-rows // 2) * 2 if rows <= few else -(-rows // multiple) * multiple
-
-
-@functools.cache
-def _padding() -> tuple[int, int]:
-    """(the most rows the block kernel runs in jobs of one or two rows, 0 for numba's loop; the multiple
-    more rows are padded to)."""
-    _kernel()
-    if _choice.get("kernel") != "blocks":
-        return 0, row_multiple()
-    from . import stream_ir
-
-    return stream_ir.FEW_ROWS, row_multiple()
+    multiple = row_multiple()
+    if rows <= _choice.get("few", 0):
+        return rows if rows == 1 else rows + rows % 2
+    return -(-rows // multiple) * multiple
 
 
 def kernel_info() -> dict:
-    """{"kernel": "blocks" or "loop", "rows": the row multiple, "why": str} (empty where numba is missing)."""
+    """{"kernel": "blocks" or "loop", "rows": the row multiple, "few" (the block kernel: rows run in jobs of
+    one or two rows, up to this many), "why": str} (empty where numba is missing)."""
     _kernel()
     return dict(_choice)
 

@@ -8,7 +8,7 @@ dimension it prefetches, line by line, some of the rows of the weight block its 
 On an AMX Xeon the read of a block then overlaps, in part, the arithmetic on the one before;
 without the prefetch they add up (docs/speed.md, "Tree passes against transformers' step"). Up to
 six input rows run instead in jobs of six weight rows against one or two, each prefetching all of
-the next block: on a Zen 5 EPYC, 3-6 rows ran 5-12 % faster so than in jobs of four.
+the next block: on a Zen 5 EPYC, 3-6 rows ran 5-12 % faster that way than in jobs of four.
 
 The arithmetic of one output element does not depend on the job's neighbours, on the row count or
 on the thread count: sixteen lanes of fused multiply-adds over the inner dimension in steps of 16,
