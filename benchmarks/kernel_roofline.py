@@ -11,8 +11,9 @@ For each inner dimension and row count, the kernel runs twice on the same number
 From the streamed one-row time it takes the read's rate (GB/s), and it prints for each row count the
 two lower bounds (the arithmetic in cache, the read at that rate), the streamed time, and where the
 streamed time lies between them: ``overlap`` 0 when it costs the sum of the two (nothing of the read
-hides the arithmetic), 1 when it costs the larger of them (all of it does). A kernel at 1 is at this
-CPU's limit for that row count; well below 1, the read and the arithmetic add up; a low in-cache
+hides the arithmetic; below 0, more than the sum), 1 when it costs the larger of them (all of it
+does). A kernel at 1 is at this CPU's limit for that row count; well below 1, the read and the
+arithmetic add up; a low in-cache
 rate against the CPU's GEMM rate says the arithmetic itself is slow. Kernels are interleaved per
 round; medians are printed.
 
@@ -39,7 +40,8 @@ def kernels(names: list[str]):
     for name in names:
         if name == "blocks":
             if not stream._avx512():
-                raise SystemExit("kernel 'blocks' needs AVX-512, which this CPU lacks; allowed here: loop")
+                raise SystemExit("--kernels: 'blocks' needs AVX-512, which this CPU lacks. Allowed here: loop. "
+                                 "Hint: --kernels loop")
             few, blocks = stream_ir.compile_blocks()
             def run(x, w, o, t, few=few, blocks=blocks):
                 (few if x.shape[0] <= stream_ir.FEW_ROWS else blocks)(x, w, o, t)
@@ -49,7 +51,8 @@ def kernels(names: list[str]):
             loop = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(stream._xwt)
             out[name] = (lambda x, w, o, t, loop=loop: loop(x, w, o), lambda n: -(-n // stream.BLOCK) * stream.BLOCK)
         else:
-            raise SystemExit(f"unknown kernel {name!r}; allowed: blocks, loop")
+            raise SystemExit(f"--kernels: {name!r} is not a stream kernel. Allowed: blocks, loop. "
+                             "Hint: --kernels blocks,loop")
     return out
 
 
@@ -58,7 +61,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,2,4,8,16,32")
     ap.add_argument("--k", default="576,1536", help="inner dimensions (SmolLM2's hidden size, Qwen2.5-1.5B's)")
-    ap.add_argument("--kernels", default="blocks,loop", help="blocks (AVX-512 only), loop")
+    ap.add_argument("--kernels", default=None, help="blocks (AVX-512 only), loop; default: the ones this CPU runs")
     ap.add_argument("--l2-kib", type=int, default=512, help="the in-cache weight's share a thread, KiB")
     ap.add_argument("--streamed-gb", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=5)
@@ -72,12 +75,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
-    names = [k for k in args.kernels.split(",") if k]
     from goose.verifiers import stream
 
-    if "blocks" in names and not stream._avx512():
-        names.remove("blocks")
-    ks = kernels(names)
+    stream._kernel()
+    default = "blocks,loop" if stream._avx512() else "loop"
+    ks = kernels([k for k in (args.kernels or default).split(",") if k])
     rows = [int(r) for r in args.rows.split(",")]
     print(f"CPU: {machine.describe()}; {args.threads} threads; float32; vector width {stream.vector_width()}")
     rng = np.random.default_rng(0)
