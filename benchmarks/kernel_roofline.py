@@ -8,8 +8,8 @@ For each inner dimension and row count, the kernel runs twice on the same number
 - **streamed**: distinct weights of that inner dimension, 1 GB in all, each called once: what a pass
   over a model's layers meets.
 
-From the streamed one-row time it takes the read's rate (GB/s), and it prints for each row count the
-two lower bounds (the arithmetic in cache, the read at that rate), the streamed time, and where the
+From the lower of the streamed times at one and two rows it takes the read's time, and it prints for
+each row count the two lower bounds (the arithmetic in cache, the read), the streamed time, and where the
 streamed time lies between them: ``overlap`` 0 when it costs the sum of the two (nothing of the read
 hides the arithmetic; below 0, more than the sum), 1 when it costs the larger of them (all of it
 does). A kernel at 1 is at this CPU's limit for that row count; well below 1, the read and the
@@ -42,11 +42,7 @@ def kernels(names: list[str]):
             if not stream._avx512():
                 raise SystemExit("--kernels: 'blocks' needs AVX-512, which this CPU lacks. Allowed here: loop. "
                                  "Hint: --kernels loop")
-            few, blocks = stream_ir.compile_blocks()
-            def run(x, w, o, t, few=few, blocks=blocks):
-                (few if x.shape[0] <= stream_ir.FEW_ROWS else blocks)(x, w, o, t)
-
-            out[name] = (run, stream.padded_rows)
+            out[name] = (stream_ir.compile_blocks(), stream.padded_rows)  # the weights here fill whole blocks
         elif name == "loop":
             loop = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(stream._xwt)
             out[name] = (lambda x, w, o, t, loop=loop: loop(x, w, o), lambda n: -(-n // stream.BLOCK) * stream.BLOCK)

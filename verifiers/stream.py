@@ -259,12 +259,12 @@ def _kernel():
     if avx512 and asked != "loop":
         from . import stream_ir
 
-        few, blocks = stream_ir.compile_blocks()
+        blocks = stream_ir.compile_blocks()
         rest, step = _xwt_rest, stream_ir.W_ROWS
 
         def kernel(x, w, out, threads):
             n = x.shape[0]
-            (few if n <= stream_ir.FEW_ROWS else blocks)(x, w, out, threads)
+            blocks(x, w, out, threads)
             if w.shape[0] % step:
                 start = w.shape[0] - w.shape[0] % step
                 if n % 2:  # the rest loop runs pairs of rows: one row goes through it padded to two

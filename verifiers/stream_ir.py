@@ -161,8 +161,14 @@ def _xwt_few(x, w, out, chunks):
 
 
 def compile_blocks():
-    """``(few, blocks)``: the compiled kernels for one input row or an even number up to FEW_ROWS, and
-    for a multiple of four (numba caches them on disk like the loop kernel). Both run the same
+    """``kernel(x, w, out, threads)``: ``out[:, :o] = x @ w[:o].T`` for ``o`` the weight rows in whole
+    blocks of six, x's rows one, an even number up to FEW_ROWS (jobs of one or two rows) or a multiple
+    of four (numba caches the compiled code on disk like the loop kernel). Every path runs the same
     arithmetic per output element, so a row's result does not depend on which of them computed it."""
     jit = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)
-    return jit(_xwt_few), jit(_xwt_blocks)
+    few, blocks = jit(_xwt_few), jit(_xwt_blocks)
+
+    def kernel(x, w, out, threads):
+        (few if x.shape[0] <= FEW_ROWS else blocks)(x, w, out, threads)
+
+    return kernel
