@@ -58,7 +58,6 @@ def test_gqa_in_place_and_headroom_leave_every_logit_unchanged(arch, monkeypatch
 
 def test_the_gqa_function_is_only_taken_inside_a_tree_pass_of_this_thread(monkeypatch):
     model = get("llama")
-    attention.install()
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
 

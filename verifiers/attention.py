@@ -10,11 +10,14 @@ positions it was 60 copies of 0.6 MB per forward, 2.4-2.9 ms of a 36-39 ms tree 
 passes have no mask and no copy). The output is the same to the bit (checked on SmolLM2: logits of
 an 8-node tree pass equal).
 
-:func:`tree_pass` marks the calling thread's tree passes; :func:`install` registers, through
-transformers' ``AttentionInterface`` mapping, an ``sdpa`` function that, inside a marked pass on
-the CPU with a mask and shared heads, calls torch's kernel with ``enable_gqa=True``, and
-otherwise calls the function it replaced, unchanged, with the same arguments. Other threads, other
-devices and every call outside a tree pass therefore run exactly as before.
+:func:`tree_pass` marks the calling thread's tree pass. transformers picks a model's attention function
+by the name in its config, so a tree pass cannot name a function of its own without changing the
+model every thread shares; the ``sdpa`` entry of transformers' ``AttentionInterface`` mapping is
+therefore Goose's function only while at least one tree pass of Goose's runs, in any thread, and
+transformers' own again when the last one ends. Inside a marked pass of the calling thread, on the
+CPU with a mask and shared heads, it calls torch's kernel with ``enable_gqa=True``; every other
+call (other threads, other devices, one-token steps) goes to the function it stands in for,
+unchanged, with the same arguments, so what they compute is what they compute alone, to the bit.
 
 The second part of this module says which tree mask each attention layer of a model with
 sliding-window layers gets (:func:`window_plan`, :func:`sliding_tree_mask`): Gemma-3 and the like
@@ -33,7 +36,9 @@ import torch
 
 _local = threading.local()  # .depth: > 0 inside a tree pass of this thread
 _lock = threading.Lock()
-_state: dict = {}  # "inner": the sdpa function replaced (set once installed)
+# "passes": tree passes running; "inner": the sdpa function stood in for (kept after: a call that took the
+# mapping's entry just before it was put back still finds it)
+_state: dict = {"passes": 0}
 
 
 def _gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -58,32 +63,58 @@ def _gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     return inner(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
 
 
-def install() -> bool:
-    """Put the tree-pass ``sdpa`` in transformers' attention mapping (once per process).
+def _mapping():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    Returns whether it is in place: False where this transformers has no such mapping."""
-    with _lock:
-        if "inner" in _state:
-            return True
-        try:
-            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    return ALL_ATTENTION_FUNCTIONS
 
-            inner = ALL_ATTENTION_FUNCTIONS["sdpa"]
-        except (ImportError, KeyError, TypeError):
-            return False
-        _state["inner"] = inner
-        ALL_ATTENTION_FUNCTIONS["sdpa"] = _gqa_sdpa
-        return True
+
+def available() -> bool:
+    """Whether this transformers has the attention mapping with an ``sdpa`` entry that tree passes stand in for."""
+    try:
+        return callable(_mapping()["sdpa"])
+    except (ImportError, KeyError, TypeError):
+        return False
 
 
 @contextmanager
 def tree_pass():
-    """Within the block, this thread's masked sdpa calls on the CPU read shared key/value heads in place."""
+    """Within the block, this thread's masked sdpa calls on the CPU read shared key/value heads in place.
+
+    The first tree pass to begin (in any thread) puts the function in transformers' mapping under
+    ``sdpa``; the last to end puts back what was there (unless someone replaced it meanwhile)."""
     _local.depth = getattr(_local, "depth", 0) + 1
+    if _local.depth == 1:
+        with _lock:
+            if _state["passes"] == 0:
+                mapping = _mapping()
+                _state["inner"] = mapping["sdpa"]
+                mapping["sdpa"] = _gqa_sdpa
+            _state["passes"] += 1
     try:
         yield
     finally:
         _local.depth -= 1
+        if _local.depth == 0:
+            with _lock:
+                _state["passes"] -= 1
+                if _state["passes"] == 0:
+                    _restore(_mapping(), _state["inner"])
+
+
+def _restore(mapping, inner) -> None:
+    """Put ``inner`` back under ``sdpa`` as it was: transformers' own entry (its global mapping) is left
+    to answer again rather than copied into the instance's mapping, where it would hide a later
+    ``AttentionInterface.register``. An entry someone else put there meanwhile stays."""
+    if mapping["sdpa"] is not _gqa_sdpa:
+        return
+    del mapping["sdpa"]  # the instance's entry: ours
+    try:
+        if mapping["sdpa"] is inner:
+            return
+    except KeyError:
+        pass
+    mapping["sdpa"] = inner  # what stood there was an instance entry of its own
 
 
 # ---------------------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ class GreedyTreeVerifier(Verifier):
             self.dtype = torch.float32
         self.device = input_device(model, self.device)
         # tree passes on the CPU read grouped-query heads in place (verifiers/attention.py)
-        self._gqa = impl == "sdpa" and self.device.type == "cpu" and self.options.gqa and attention.install()
+        self._gqa = impl == "sdpa" and self.device.type == "cpu" and self.options.gqa and attention.available()
 
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
         plan = self.window_plan

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -325,8 +326,24 @@ def _threading():
     k = _kernel()
     rows = row_multiple()
     x = np.zeros((rows, 8), np.float32)
-    k(x, np.zeros((W_BLOCK + 1, 8), np.float32), np.zeros((rows, W_BLOCK + 1), np.float32), 1)
+    with torch_threads_kept():  # the first call launches numba's thread pool
+        k(x, np.zeros((W_BLOCK + 1, 8), np.float32), np.zeros((rows, W_BLOCK + 1), np.float32), 1)
     return numba, numba.threading_layer() == "workqueue"
+
+
+@contextmanager
+def torch_threads_kept():
+    """Within the block, whatever runs may change the process's torch thread count; it is set back after.
+
+    numba's OpenMP layer, when it launches its thread pool, sets the OpenMP thread count that torch
+    shares (``omp_set_num_threads`` to numba's own count): an application that pinned torch to one
+    thread would find two after its first stream pass."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def supported(weight: torch.Tensor) -> bool:
@@ -375,14 +392,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         wn = np.ascontiguousarray(wn)
     on = np.empty((xn.shape[0], wn.shape[0]), np.float32)
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    # numba's thread count is the calling thread's own setting: set for the call, then set back
     if serial:
         with _serial:
+            mine = numba.get_num_threads()
             numba.set_num_threads(threads)
-            kernel(xn, wn, on, threads)
+            try:
+                kernel(xn, wn, on, threads)
+            finally:
+                numba.set_num_threads(mine)
     else:
-        if numba.get_num_threads() != threads:
+        mine = numba.get_num_threads()
+        if mine == threads:
+            kernel(xn, wn, on, threads)
+        else:
             numba.set_num_threads(threads)
-        kernel(xn, wn, on, threads)
+            try:
+                kernel(xn, wn, on, threads)
+            finally:
+                numba.set_num_threads(mine)
     out = torch.from_numpy(on[:rows] if on.shape[0] != rows else on)
     if bias is not None:
         out = out + bias
