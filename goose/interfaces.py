@@ -587,6 +587,9 @@ class Verifier(ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
     supports_rules: ClassVar[bool] = False
+    #: what the latency curves timed with this verifier are cached under, with its class and options: raise it
+    #: when a change makes its earlier timings stale
+    version: ClassVar[str] = "1"
     vocab_size: int
     max_positions: int | None = None
     rule = None  # the request's TokenRule, set by the loop when supports_rules (None: greedy)

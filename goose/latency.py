@@ -47,6 +47,9 @@ _checked: set[str] = set()  # cache files checked (or measured) in this process
 # written atomically (write_atomic): a reader finds the old curve or the new one, never a torn file.
 _path_locks: dict[str, threading.Lock] = {}
 _path_locks_lock = threading.Lock()
+# curves this process measured and did not store (the stored one disagreed only for a while, or the machine
+# disagreed with both): cache file -> curve, used by this process in place of the file
+_process_curves: dict[str, "LatencyCurve"] = {}
 
 log = logging.getLogger("goose")
 
@@ -175,6 +178,30 @@ def _setup(setup: dict | None) -> dict:
     return out
 
 
+#: the registered verifier that times the curves (it reads them back: goose.verifiers.greedy)
+TIMING_VERIFIER = "greedy"
+
+
+def _timing_options(setup: dict | None) -> dict:
+    return {"gqa": _setup(setup).get("gqa", True)}
+
+
+def timed_by(setup: dict | None = None) -> dict:
+    """What produces a curve of this setting: the class registered under :data:`TIMING_VERIFIER` (a plugin
+    registered there in place of the built-in is another producer), its name, version and every option it
+    is built with."""
+    from goose.manager import get_registry
+
+    entry = get_registry().get("verifier", TIMING_VERIFIER)
+    cls = entry.cls
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "name": cls.name,
+        "version": cls.version,
+        "options": entry.options(_timing_options(setup)).model_dump(mode="json"),
+    }
+
+
 def _key(model, setup: dict | None = None) -> str:
     import torch
 
@@ -200,6 +227,7 @@ def _key(model, setup: dict | None = None) -> str:
             "kernels": machine.kernels(),
             "torch": torch.__version__,
             "curve": CURVE_VERSION,
+            "verifier": timed_by(setup),
             # a model dispatched by accelerate (layers on other devices, offloaded to disk) is another curve
             "dispatch": sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}),
             "dispatched_modules": len(getattr(model, "hf_device_map", None) or {}),
@@ -225,8 +253,8 @@ class _Timer:
         from goose.interfaces import Verifier
         from goose.manager import build_component
 
-        # the registered tree verifier, by name: it reads the curves this module caches (no import circle)
-        self.v = v = build_component("verifier", ("greedy", {"gqa": _setup(setup).get("gqa", True)}), Verifier, None)
+        # the registered tree verifier (timed_by: the curve's key names it): it reads the curves this module caches
+        self.v = v = build_component("verifier", (TIMING_VERIFIER, _timing_options(setup)), Verifier, None)
         v.bind(model)
         self.g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, v.vocab_size, (past_len,), generator=self.g)
@@ -554,8 +582,12 @@ def curve_path(model, setup: dict | None = None) -> Path:
 
 
 def cached_curve(model, setup: dict | None = None) -> LatencyCurve | None:
-    """The cached curve for this model and setting, or None (never measures)."""
+    """The curve this process uses for this model and setting (one it measured and did not store, see
+    :func:`curve_for`), else the stored one, or None (never measures)."""
     path = curve_path(model, setup)
+    mine = _process_curves.get(str(path))
+    if mine is not None:
+        return mine
     if not path.exists():
         return None
     try:
@@ -594,24 +626,27 @@ def _path_lock(path: Path) -> threading.Lock:
 
 def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, check_cached: bool,
               measure_kw: dict) -> LatencyCurve:
+    import torch
+
+    where = str(path)
+    check_kw = {"past_len": measure_kw.get("past_len", 256), "budget_s": min(25.0, measure_kw.get("budget_s", 25.0))}
+    stored = None
     if use_cache and not force:
-        cached = cached_curve(model, setup)
-        if cached is not None:
-            if not check_cached or str(path) in _checked:
-                return cached
-            off = check(model, cached, setup, past_len=measure_kw.get("past_len", 256),
-                        budget_s=min(25.0, measure_kw.get("budget_s", 25.0)))
+        mine = _process_curves.get(where)
+        if mine is not None:
+            return mine
+        stored = cached_curve(model, setup)
+        if stored is not None:
+            if not check_cached or where in _checked:
+                return stored
+            off = check(model, stored, setup, **check_kw)
             if not off:
-                _checked.add(str(path))
-                return cached
-            line = (
-                f"goose: the cached forward latency curve for {describe(model)} does not hold on this machine ("
-                + ", ".join(f"t({n}) {1000 * a:.1f} ms cached, {1000 * b:.1f} ms now" for n, a, b in off)
-                + f"; {path}): measuring it anew"
-            )
-            log.info(line)  # the same line on stderr, as a measurement's progress is
-            sys.stderr.write(line + "\n")
-    _checked.add(str(path))
+                _checked.add(where)
+                return stored
+            _line(f"goose: a check of the cached forward latency curve for {describe(model)} disagrees ({_offs(off)}; "
+                  f"{path}): measuring it anew, then checking the cached one again before replacing it")
+    _checked.add(where)
+    threads = torch.get_num_threads()
     say, done = _progress_printer(describe(model))
     t0 = time.perf_counter()
     curve = measure(model, progress=say, **measure_kw)
@@ -622,11 +657,44 @@ def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, chec
         + (f"; packed weights fastest at {len(curve.packed)} sizes" if curve.packed else "")
         + (f"; the stream kernel fastest at {len(curve.stream)} sizes" if curve.stream else "")
         + ("; stock linear layers everywhere" if not (curve.skinny or curve.packed or curve.stream) else "")
-        + (f"; cached in {path}" if use_cache else "")
     )
-    if use_cache:
-        write_atomic(path, json.dumps(curve.to_dict()))
+    if not use_cache:
+        return curve
+    if torch.get_num_threads() != threads:  # the curve's key says `threads`: it was not all measured with them
+        _line(f"goose: torch's thread count changed from {threads} to {torch.get_num_threads()} while the curve was "
+              f"measured; this process uses it, and it is not stored ({path})")
+        _process_curves[where] = curve
+        return curve
+    if stored is not None:  # the stored curve disagreed: only a disagreement that lasts replaces it
+        again = check(model, stored, setup, **check_kw)
+        if not again:
+            _line(f"goose: the cached forward latency curve for {describe(model)} holds again: the disagreement was "
+                  f"passing (the machine was busy); keeping it, the new measurement is not stored ({path})")
+            _checked.add(where)
+            return stored
+        new_off = check(model, curve, setup, **check_kw)
+        if new_off:
+            _line(f"goose: neither the cached forward latency curve for {describe(model)} ({_offs(again)}) nor the one "
+                  f"just measured ({_offs(new_off)}) holds now; this process uses the new one and the cached one "
+                  f"stays ({path})")
+            _process_curves[where] = curve
+            return curve
+        _line(f"goose: the cached forward latency curve for {describe(model)} still disagrees ({_offs(again)}) and "
+              f"the one just measured holds: stored in its place ({path})")
+    write_atomic(path, json.dumps(curve.to_dict()))
+    log.info(f"goose: forward latency curve cached in {path}")
     return curve
+
+
+def _offs(off: list[tuple[int, float, float]]) -> str:
+    return ", ".join(f"t({n}) {1000 * a:.1f} ms cached, {1000 * b:.1f} ms now" for n, a, b in off)
+
+
+def _line(text: str) -> None:
+    """A line on stderr and in the ``goose`` log."""
+    log.info(text)
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def write_atomic(path: Path, text: str) -> None:
