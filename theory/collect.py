@@ -27,14 +27,24 @@ def record_runs(
 ) -> list:
     import torch
 
-    import goose
-    from goose.tools import datasets as ds
     from goose.tools import models
-    from goose.theory.calibrate import Recorder, dump_records
 
+    caller_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
-    model, tok = models.load(model_name)
+    try:
+        return _collect(models.load(model_name), sources, policy, budget, datasets, num_prompts, max_new_tokens,
+                        data_dir, out)
+    finally:
+        torch.set_num_threads(caller_threads)  # the caller's setting, as it was
+
+
+def _collect(loaded, sources, policy, budget, datasets, num_prompts, max_new_tokens, data_dir, out) -> list:
+    import goose
+    from goose.tools import datasets as ds
+    from goose.theory.calibrate import Recorder, dump_records
+
+    model, tok = loaded
     decoder = goose.compose(model, tok, sources=list(sources), policy=policy, budget=budget)
     recorder = Recorder()
     goose.register_plugin(recorder, name="goose-theory-recorder")
