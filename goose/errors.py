@@ -60,9 +60,10 @@ class ComponentError(GooseError):
         super().__init__(message)
 
     @classmethod
-    def raised(cls, component: str, hook: str, exc: BaseException) -> ComponentError:
-        """The error for ``exc`` raised inside ``component.hook()``, with ``exc`` chained."""
-        err = cls(component, f"{cls.role} {component!r} raised in {hook}(): {type(exc).__name__}: {exc}", hook)
+    def raised(cls, component: str, hook: str, exc: BaseException, hint: str = "") -> ComponentError:
+        """The error for ``exc`` raised inside ``component.hook()``, with ``exc`` chained (``hint``: what to do)."""
+        msg = f"{cls.role} {component!r} raised in {hook}(): {type(exc).__name__}: {exc}"
+        err = cls(component, msg + (f". Hint: {hint}" if hint else ""), hook)
         err.__cause__ = exc
         return err
 
@@ -77,8 +78,8 @@ class DraftSourceError(ComponentError):
         super().__init__(source, f"Draft source {source!r} failed: {message}", hook)
 
     @classmethod
-    def raised(cls, component: str, hook: str, exc: BaseException) -> DraftSourceError:
-        err = cls(component, f"{hook}() raised {type(exc).__name__}: {exc}", hook)
+    def raised(cls, component: str, hook: str, exc: BaseException, hint: str = "") -> DraftSourceError:
+        err = cls(component, f"{hook}() raised {type(exc).__name__}: {exc}" + (f". Hint: {hint}" if hint else ""), hook)
         err.__cause__ = exc
         return err
 

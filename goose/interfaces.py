@@ -14,7 +14,8 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, get_args
+from types import UnionType
+from typing import TYPE_CHECKING, ClassVar, Union, get_args, get_origin
 
 import numpy as np
 import torch
@@ -29,9 +30,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Options(BaseModel):
-    """Base class of every component's options: unknown fields are an error, an integer option takes an
-    integer only (``True`` or ``3.0`` for an int option is refused, not turned into 1 or 3), and a ``bool``
-    option takes ``True`` or ``False`` only (``"yes"``, ``"false"`` or ``1`` is refused, not read as a bool)."""
+    """Base class of every component's options: unknown fields are an error, and numbers and bools are taken as
+    they are, never converted: an ``int`` option takes an integer only (``True``, ``3.0`` or ``"3"`` is refused, not
+    turned into 1 or 3), a ``float`` option a number (an int is fine; ``True`` or ``"0.5"`` is refused), and a ``bool``
+    option ``True`` or ``False`` only (``"yes"``, ``"false"`` or ``1`` is refused, not read as a bool). The same holds
+    inside a tuple, list or dict option (``tuple[int, ...]``: each item an int; a dict's values, not its keys, which
+    a method spec's JSON writes as strings). A method spec's ``3`` is an int already (goose.specs parses it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,23 +45,100 @@ class Options(BaseModel):
         field_info = cls.model_fields.get(info.field_name)
         if field_info is None or v is None:
             return v
-        annotation = field_info.annotation
-        if _takes(annotation, bool) and not isinstance(v, bool) and not _takes_other_than(annotation, bool):
-            raise ValueError(f"True or False is required, got {v!r} ({type(v).__name__})")
-        if isinstance(v, (bool, float)) and _takes(annotation, int):
-            if not (isinstance(v, float) and _takes(annotation, float)):
-                raise ValueError(f"an integer is required, got {v!r} ({type(v).__name__})")
+        problem = _scalar_problem(field_info.annotation, v)
+        if problem is not None:
+            where, wanted, bad = problem
+            allowed = _SCALAR_WORDS[wanted] + (_bounds(field_info.metadata) if not where else "")
+            hint = _scalar_hint(info.field_name, wanted, bad, bool(where))
+            raise ValueError(f"{'item ' + where + ': ' if where else ''}{_REQUIRED[wanted]} is required, got {bad!r} "
+                             f"({type(bad).__name__}); allowed: {allowed}. Hint: {hint}")
         return v
 
 
-def _takes(annotation, kind: type) -> bool:
-    """Whether an option's type is ``kind`` or a union holding it (``int | None``)."""
-    return annotation is kind or kind in get_args(annotation)
+# the scalar kinds an option is held to, what each requires, and what it allows
+_REQUIRED = {bool: "True or False", int: "an integer", float: "a number"}
+_SCALAR_WORDS = {bool: "a bool", int: "an int", float: "a float or an int"}
 
 
-def _takes_other_than(annotation, kind: type) -> bool:
-    """Whether a union type admits values other than ``kind`` and None (``bool | str``: a string is allowed)."""
-    return any(a is not kind and a is not type(None) for a in get_args(annotation))
+def _members(annotation) -> tuple:
+    """A union's member types, None left out (``int | None`` -> ``(int,)``); any other type alone."""
+    if get_origin(annotation) in (Union, UnionType):
+        return tuple(a for a in get_args(annotation) if a is not type(None))
+    return (annotation,)
+
+
+def _fits(kind: type, v) -> bool:
+    """Whether option type ``kind`` may take ``v`` as it is: a bool only for bool; for int no bool, string or
+    non-integer number (no float, 3.0 included); for float no bool or string. Other values are left to pydantic."""
+    if kind is bool:
+        return isinstance(v, bool)
+    if isinstance(v, (bool, str, bytes)):
+        return False
+    return kind is float or not (isinstance(v, numbers.Real) and not isinstance(v, numbers.Integral))
+
+
+def _scalar_problem(annotation, v, where: str = ""):
+    """``(where, kind, value)`` for the first value in ``v`` an option of type ``annotation`` must refuse (a string
+    for an int, a bool for a float, ...; ``where``: the item's place inside a tuple, list or dict option, "" for the
+    option itself), or None. Types other than bool, int and float, and unions that also take another type (``int |
+    str``: a string is allowed), are left to pydantic."""
+    if v is None:
+        return None
+    members = _members(annotation)
+    scalars = [m for m in members if m in (bool, int, float)]
+    if scalars and len(scalars) == len(members):
+        if any(_fits(m, v) for m in scalars):
+            return None
+        wanted = bool if scalars == [bool] else float if float in scalars else int
+        return where, wanted, v
+    if len(members) != 1 or scalars:
+        return None
+    origin, args = get_origin(members[0]), get_args(members[0])
+    if origin in (tuple, list, set, frozenset) and isinstance(v, (list, tuple)) and args:
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            items = zip(args, v) if len(args) == len(v) else ()
+        else:
+            items = ((args[0], x) for x in v)
+        for i, (ann, x) in enumerate(items):
+            found = _scalar_problem(ann, x, f"{where}[{i}]")
+            if found is not None:
+                return found
+    elif origin is dict and isinstance(v, Mapping) and len(args) == 2:
+        for k, x in v.items():
+            found = _scalar_problem(args[1], x, f"{where}[{k!r}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _bounds(metadata) -> str:
+    """The limits pydantic's ``Field(ge=..., le=...)`` set on an option, in words (" >= 1 and <= 4096"), or ""."""
+    words = []
+    for m in metadata:
+        for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            bound = getattr(m, attr, None)
+            if bound is not None:
+                words.append(f"{op} {bound!r}")
+    return (" " + " and ".join(words)) if words else ""
+
+
+def _scalar_hint(field: str, wanted: type, bad, nested: bool) -> str:
+    """How to write option ``field`` (``nested``: an item inside it) so that it takes the value meant by ``bad``."""
+    what = f"each item of {field}" if nested else field
+    if wanted is bool:
+        return f"{what}: True or False (true / false in a method spec)"
+    number = None
+    if isinstance(bad, str):
+        try:
+            number = (int if wanted is int else float)(bad.strip())
+        except ValueError:
+            pass
+    elif isinstance(bad, float) and bad.is_integer():
+        number = int(bad)
+    if number is not None:
+        return f"{what}: {number!r}, the number itself, not {bad!r}"
+    kind = "an integer" if wanted is int else "a number"
+    return f"{what}: {kind} written as one (`goose plugins --options` lists each component's options)"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ import pluggy
 from pydantic import ValidationError
 
 from goose import hookspecs
-from goose.errors import InvalidInputError, PluginError, UnknownComponentError
+from goose.errors import (_ROLE_ERRORS, ComponentError, GooseError, InvalidInputError, PluginError,
+                          UnknownComponentError)
 from goose.interfaces import DraftSource, Options, TreePolicy, Verifier
 
 ENTRY_POINT_GROUP = "goose"
@@ -417,7 +418,9 @@ def reset() -> None:
 
 # -- building components by name ------------------------------------------------------------------
 def component_options(entry: Entry, overrides: Mapping | None):
-    """Validate ``overrides`` against a registry entry's Options (defaults applied); clear errors."""
+    """Validate ``overrides`` against a registry entry's Options (defaults applied); clear errors: an
+    :class:`InvalidInputError` naming the component, the option, the value and what is allowed, or, where the
+    component's own Options code raised something else, the role's :class:`ComponentError` (hook ``Options``)."""
     if overrides is not None and not isinstance(overrides, Mapping):
         raise InvalidInputError(
             f"options for {entry.kind} {entry.name!r} must be a dict, got {type(overrides).__name__}"
@@ -427,13 +430,39 @@ def component_options(entry: Entry, overrides: Mapping | None):
     except ValidationError as exc:
         fields = sorted(entry.cls.Options.model_fields)
         problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc']) or '(options)'}: {e['msg']} (got {e.get('input')!r})"
+            f"{'.'.join(str(x) for x in e['loc']) or '(options)'}: {e['msg']}"
+            + ("" if e["type"] == "value_error" and "got " in e["msg"] else f" (got {e.get('input')!r})")
             for e in exc.errors()
         )
         raise InvalidInputError(
             f"Invalid options for {entry.kind} {entry.name!r}: {problems}. "
             f"Allowed options: {', '.join(fields) or '(none)'}."
         ) from exc
+    except GooseError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a validator of the plugin's own raised: named with the component
+        raise _component_error(entry, "Options", exc, overrides) from exc
+
+
+def _component_error(entry: Entry, hook: str, exc: BaseException, options) -> ComponentError:
+    """The role's error for ``exc``, raised while building ``entry`` (its ``__init__`` or its ``Options``)."""
+    given = dict(options) if isinstance(options, Mapping) else options
+    hint = (f"the component's own code raised with options {given or {}}; fix it in plugin {entry.provider!r} "
+            f"({entry.origin}), or leave {entry.name!r} out")
+    return _ROLE_ERRORS[entry.kind].raised(entry.alias_of or entry.name, hook, exc, hint=hint)
+
+
+def _construct(entry: Entry, options, overrides):
+    """``entry.cls(options)``: a :class:`GooseError` it raises goes through; any other exception comes back as
+    the role's :class:`ComponentError` naming the component and ``__init__``, the exception chained."""
+    try:
+        inst = entry.cls(options)
+    except GooseError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the component's name
+        raise _component_error(entry, "__init__", exc, overrides) from exc
+    inst.name = entry.alias_of or entry.name
+    return inst
 
 
 def build_inner(name: str, options: Mapping | None, inherit: Mapping | None = None, outer: str = "") -> TreePolicy:
@@ -452,9 +481,7 @@ def build_inner(name: str, options: Mapping | None, inherit: Mapping | None = No
                 f"Hint: set {key} once, on the outer policy; it reaches the policies it wraps."
             )
         options[key] = value
-    inst = entry.cls(component_options(entry, options))
-    inst.name = entry.alias_of or entry.name
-    return inst
+    return _construct(entry, component_options(entry, options), options)
 
 
 def build_component(kind: str, spec, base: type, extra_options: Mapping | None):
@@ -484,6 +511,4 @@ def build_component(kind: str, spec, base: type, extra_options: Mapping | None):
         )
     entry = get_registry().get(kind, spec)
     merged = {**(opts or {}), **(extra_options or {})}
-    inst = entry.cls(component_options(entry, merged))
-    inst.name = entry.alias_of or entry.name
-    return inst
+    return _construct(entry, component_options(entry, merged), merged)

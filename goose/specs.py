@@ -5,8 +5,8 @@ and a tree policy, and optionally ``/`` and a verifier, each with options in bra
 ``pld{max_chain=16}+tr{k=4}/spine-fit`` or ``pld+tr/spine-fit/greedy{linear=stock,gqa=false}``;
 an option value is JSON where it is a dict or a list (``spine-fit{source_priors={"pld":[[1.0,0.6,0.9]]}}``),
 else an int, a float, true/false, none, or the string. :func:`preset` turns either into the keyword
-arguments of :func:`goose.compose`; :func:`check_method` refuses an unknown component or option
-before any model is loaded; :func:`split_methods` splits a comma-separated list of them.
+arguments of :func:`goose.compose`; :func:`check_method` refuses an unknown component or option, or
+one that cannot be built, before any model is loaded; :func:`split_methods` splits a comma-separated list of them.
 
 ``goose bench`` and ``goose generate`` read methods this way, and :func:`goose.vllm.build_sources`
 reads its sources (``pld+suffix``) this way.
@@ -144,17 +144,18 @@ def preset(name: str) -> dict:
 
 
 def check_method(name: str) -> None:
-    """Refuse an unknown method, component or option before any model is loaded."""
-    from goose.manager import component_options, get_registry
+    """Refuse an unknown method, component or option, or a component that cannot be built, before any model is
+    loaded: each component of the method is built as ``compose`` builds it (its options validated, its
+    ``__init__`` run; a plain exception there is the role's ComponentError naming it), short of ``bind``, which
+    needs the model."""
+    from goose.interfaces import DraftSource, TreePolicy, Verifier
+    from goose.manager import build_component
 
     kw = preset(name)
-    reg = get_registry()
     for spec in kw.get("sources", []):
-        src, opts = (spec, None) if isinstance(spec, str) else spec
-        component_options(reg.get("source", src), opts)
-    component_options(reg.get("policy", kw["policy"]), kw.get("policy_options"))
-    if "verifier" in kw:
-        component_options(reg.get("verifier", kw["verifier"]), kw.get("verifier_options"))
+        build_component("source", spec, DraftSource, None)
+    build_component("policy", kw["policy"], TreePolicy, kw.get("policy_options"))
+    build_component("verifier", kw.get("verifier", "greedy"), Verifier, kw.get("verifier_options"))
 
 
 def split_methods(text: str) -> list[str]:

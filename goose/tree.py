@@ -45,8 +45,9 @@ class DraftTree:
                     f"sources has {len(self.sources)} entries but tokens has {len(self.tokens)}; they must match"
                 )
             for i, s in enumerate(self.sources):
-                if not isinstance(s, tuple) or not all(isinstance(x, str) and x for x in s):
-                    raise InvalidTreeError(f"node {i}: sources must be a tuple of source names, got {s!r}")
+                if not (isinstance(s, tuple) and (s or i == 0) and all(type(x) is str and x for x in s)
+                        and len(set(s)) == len(s)):
+                    _bad_sources(i, s)
 
     def credited(self, i: int) -> tuple[str, ...]:
         """The sources credited with node ``i``: its ``sources`` when the policy recorded them,
@@ -87,6 +88,11 @@ class DraftTree:
         **meta,
     ) -> DraftTree:
         tokens = tuple(_node_id(i, t, "token") for i, t in enumerate(tokens))
+        if isinstance(sources, (str, bytes)):
+            raise InvalidTreeError(
+                f"sources {sources!r} is not allowed: one entry per node, each a tuple of source names. "
+                f"Hint: sources=[(), ({sources!r},), ...] (the root's (), then each drafted node's names)"
+            )
         if isinstance(origins, str):
             origins = (ROOT,) + (origins,) * (len(tokens) - 1)
         return cls(
@@ -96,7 +102,7 @@ class DraftTree:
             None if scores is None else tuple(float(s) for s in scores),
             route,
             meta,
-            None if sources is None else tuple(tuple(s) for s in sources),
+            None if sources is None else tuple(_node_sources(i, s) for i, s in enumerate(sources)),
         )
 
     @classmethod
@@ -108,8 +114,14 @@ class DraftTree:
     def from_chain(
         cls, root: int, chain: Sequence[int], origin: str, route: str = "chain", source: str | None = None
     ) -> DraftTree:
-        """A plain chain ``root -> chain[0] -> chain[1] -> ...`` (``source``: who proposed it)."""
+        """A plain chain ``root -> chain[0] -> chain[1] -> ...`` (``source``: the name of the source that proposed
+        it, credited with every node but the root)."""
         n = len(chain)
+        if source is not None and (type(source) is not str or not source):
+            raise InvalidTreeError(
+                f"from_chain: source {source!r} ({type(source).__name__}) is not allowed: the name of the source "
+                "that proposed the chain, a non-empty str, or None. Hint: source=proposal.source"
+            )
         return cls(
             (int(root), *(int(t) for t in chain)),
             tuple(range(-1, n)),
@@ -249,6 +261,39 @@ def additive_mask(anc: np.ndarray, past_len: int, dtype=torch.float32, device=No
     tree_part = torch.from_numpy(anc).to(device)
     mask[0, 0, :, past_len:].masked_fill_(tree_part, 0.0)
     return mask
+
+
+def _node_sources(i: int, s) -> tuple[str, ...]:
+    """Node ``i``'s ``sources`` entry as a tuple of names: a tuple, list or frozenset of source names (a frozenset
+    in sorted order); a bare string (which would iterate as its characters) or anything else is an error."""
+    if isinstance(s, tuple):
+        return s
+    if isinstance(s, list):
+        return tuple(s)
+    if isinstance(s, frozenset) and all(type(x) is str for x in s):
+        return tuple(sorted(s))
+    _bad_sources(i, s)
+
+
+def _bad_sources(i: int, s) -> None:
+    """Refuse node ``i``'s ``sources`` entry ``s``, saying what is allowed."""
+    if isinstance(s, str):
+        what = f"a bare string, {s!r}, would credit each of its characters"
+        hint = f"sources=[(), ({s!r},), ...]: one tuple of names per node"
+    elif i and isinstance(s, (tuple, list, frozenset)) and not s:
+        what = "an empty entry credits no source with a drafted node"
+        hint = "name the source(s) that proposed it, e.g. ('pld',), or leave sources=None for the whole tree"
+    elif isinstance(s, (tuple, list, frozenset)) and all(type(x) is str and x for x in s):
+        what = "a source is named twice"
+        hint = "name each source once"
+    else:
+        what = "every name must be a non-empty str" if isinstance(s, (tuple, list, frozenset)) else (
+            f"a {type(s).__name__} is not a collection of names")
+        hint = "sources=[(), ('pld',), ('pld', 'tr'), ...]: the root's () then each drafted node's source names"
+    raise InvalidTreeError(
+        f"node {i}: sources {s!r} is not allowed ({what}): a tuple, list or frozenset of source names, "
+        f"non-empty for every drafted node (the root's is ()). Hint: {hint}"
+    )
 
 
 def _node_id(i: int, v, what: str) -> int:

@@ -12,6 +12,7 @@ import platform
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -469,12 +470,29 @@ def _check_args(args) -> tuple[int, int]:
 
 
 def _methods(text: str) -> list[str]:
-    """The ``--methods`` list, each checked before any model is loaded, with ``ar`` first (added if absent)."""
+    """The ``--methods`` list, each checked before any model is loaded (its components built short of ``bind``),
+    with ``ar`` first (added if absent)."""
     methods = split_methods(text)
     for m in methods:
         if m not in BASELINES:
-            check_method(m)
+            with _naming_method(m):
+                check_method(m)
     return ["ar", *[m for m in methods if m != "ar"]]
+
+
+@contextmanager
+def _naming_method(method: str):
+    """A :class:`GooseError` raised inside names ``method`` (``goose: error: method 'pld/chain': ...``), on one line."""
+    from goose.errors import GooseError, InvalidInputError
+
+    try:
+        yield
+    except GooseError as exc:
+        msg = " ".join(str(exc).split())
+        named = f"method {method!r}" in msg
+        if named and msg == str(exc):
+            raise
+        raise InvalidInputError(msg if named else f"method {method!r}: {msg}") from exc
 
 
 def _load_runners(args, methods: list[str], reused: dict | None) -> tuple:
@@ -490,7 +508,11 @@ def _load_runners(args, methods: list[str], reused: dict | None) -> tuple:
     if getattr(args, "temperature", 0.0):
         sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
         args.no_gap = True  # a top-2 gap says nothing about a draw
-    runners = {m: Runner(m, model, tok, args.budget, args.max_new_tokens, sampling) for m in methods if not (reused and m == "ar")}
+    runners = {}
+    for m in methods:
+        if not (reused and m == "ar"):
+            with _naming_method(m):
+                runners[m] = Runner(m, model, tok, args.budget, args.max_new_tokens, sampling)
     _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve once per machine)")
     return model, tok, runners
 
