@@ -39,7 +39,9 @@ class Stats:
     per_source: dict
     routes: dict  # {route: cycles}
     accept_lengths: tuple[int, ...]  # accepted draft tokens per cycle
-    time_s: dict  # {"draft": s (sources + tree shaping), "sources": s, "verify": s, "observe": s, "total": s}
+    # {"draft": s (sources + tree shaping), "sources": s, "verify": s, "observe": s, "total": s,
+    #  "check": s (the loop's check of what the verifier reported, _check_report; not part of "verify")}
+    time_s: dict
     stopped_by: str  # "eos", "stop_token", "max_new_tokens", "stopping_criteria" or "none"
     extra: dict = field(default_factory=dict)  # sources' and policy's own stats
     verify_time_by_route: dict = field(default_factory=dict)  # {route: seconds in verify()}
@@ -149,6 +151,7 @@ class _Tally:
     sources_s: float = 0.0
     verify_s: float = 0.0
     observe_s: float = 0.0
+    check_s: float = 0.0
 
     def offered(self, ctx: DraftContext) -> None:
         """What each source offered the policy this step: its proposal's tokens, and the ids of every successor
@@ -485,6 +488,9 @@ class Decoder:
         else:
             v = call_component("verifier", verifier, "prefill", ids)
         _check_pass(verifier, v, "prefill")
+        t0 = time.perf_counter()
+        _check_first(verifier, v, rule is None, self.vocab_size)
+        tally.check_s += time.perf_counter() - t0
         tally.forwards = 1
         # a verifier may defer the prefill's other logit rows (Verified.rest): the sources observe the
         # prefill just before the first draft, with every row, or at the end with the last row only when
@@ -514,7 +520,7 @@ class Decoder:
                 self._observe(worker, replace(deferred, rest=None) if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk), tally)
                 deferred = None
             tree, draft_s = self._draft(worker, seq, view, len(prompt_ids), max_new_tokens - len(new), rule, tally)
-            committed = self._verify(worker, tree, stops, max_new_tokens - len(new), draft_s, tally)
+            committed = self._verify(worker, tree, stops, max_new_tokens - len(new), draft_s, rule is None, tally)
         if deferred is not None:  # ended at its first token: the last row is all the sources see
             self._observe(worker, replace(deferred, rest=None), tally)
         return new, stopped_by
@@ -564,14 +570,18 @@ class Decoder:
         tally.draft_s += draft_s
         return tree, draft_s
 
-    def _verify(self, worker: _Worker, tree: DraftTree, stops, room: int, draft_s: float,
+    def _verify(self, worker: _Worker, tree: DraftTree, stops, room: int, draft_s: float, greedy: bool,
                 tally: _Tally) -> tuple[int, ...]:
-        """One forward over the tree; the sources and policy observe it; the tokens it commits (cut at the
-        first stop token and at ``room``); the step observers are told."""
+        """One forward over the tree; what the verifier reports is checked against the tree
+        (:func:`_check_report`; ``greedy``: the request walks the raw argmax); the sources and policy observe
+        it; the tokens it commits (cut at the first stop token and at ``room``); the step observers are told."""
         t0 = time.perf_counter()
         v = call_component("verifier", worker.verifier, "verify", tree)
         _check_pass(worker.verifier, v, "verify")
-        verify_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        verify_s = t1 - t0
+        _check_report(worker.verifier, tree, v, greedy, self.vocab_size)
+        tally.check_s += time.perf_counter() - t1
         tally.forwards += 1
         self._observe(worker, v, tally)
         tally.count(tree, v, verify_s)
@@ -613,7 +623,7 @@ class Decoder:
              for o in sorted({*t.drafted, *(s.name for s in sources)})},
             dict(t.routes), tuple(t.accept_lengths),
             {"draft": t.draft_s, "sources": t.sources_s, "verify": t.verify_s, "observe": t.observe_s,
-             "total": time.perf_counter() - t_start},
+             "check": t.check_s, "total": time.perf_counter() - t_start},
             stopped_by, extra, dict(t.route_time),
             {o: {"drafted": t.o_drafted[o], "accepted": t.o_accepted[o]} for o in sorted(t.o_drafted)},
         )
@@ -728,6 +738,100 @@ def _check_pass(verifier: Verifier, v, hook: str) -> None:
             f"tokens; a Verified holds one row per token (Verified.logits[i] follows Verified.tokens[i]). "
             "Hint: slice the tokens and predecessors to the rows the forward computed.", hook,
         )
+
+
+_REPORT_HINT = (
+    "Hint: a verifier reports the root-to-node walk of the tree it was given (Verified.path, node 0 first), the "
+    "tokens of the walk's nodes after the root (Verified.accepted) and the token after the last one "
+    "(Verified.bonus), as GreedyTreeVerifier.verify does; goose.testing.VerifierLosslessnessKit checks a "
+    "verifier's passes"
+)
+
+
+def _check_report(verifier: Verifier, tree: DraftTree, v: Verified, greedy: bool, vocab: int) -> None:
+    """What the verifier's ``verify(tree)`` reported, before anything observes or commits it, or a
+    :class:`VerifierError` naming the verifier, the node and the value: a tree record of ``tree`` with one logit
+    row per node; ``path`` a root-to-node walk of ``tree`` (node 0, then a child of each node); ``accepted`` the
+    tokens of the path's nodes after the root; ``bonus`` None or a token id in ``[0, vocab)``. In a ``greedy``
+    request (the raw argmax walk: no sampling, no processors) each accepted token is the argmax of its parent
+    node's logit row and the bonus the argmax of the last node's, read from the logits (the path's rows only),
+    not from the verifier's ``argmax``. Python over the path's few indices and one reduction over its rows."""
+    name = verifier.name
+
+    def bad(what: str):
+        raise VerifierError(name, f"Verifier {name!r} {what}. {_REPORT_HINT}", "verify")
+
+    n = tree.num_nodes
+    if v.kind != "tree":
+        bad(f"returned a {v.kind!r} record from verify(); a tree pass is kind='tree'")
+    if v.tree is not tree and v.tree != tree:
+        got = (f"a {v.tree.num_nodes}-node tree {v.tree.tokens}" if isinstance(v.tree, DraftTree)
+               else "no tree" if v.tree is None else f"a {type(v.tree).__name__}")
+        bad(f"reported a pass over {got}, not the {n}-node tree {tree.tokens} it was given; Verified.tree is the tree "
+            "verify() received")
+    logits = v.logits
+    if logits.dim() != 2 or int(logits.shape[0]) != n:
+        bad(f"returned logits of shape {tuple(logits.shape)} for a {n}-node tree; a tree pass holds one row per "
+            "node, [num_nodes, vocab]")
+    path, parents = v.path, tree.parents
+    if not path or type(path[0]) is not int or path[0] != 0:
+        bad(f"reported path {tuple(path)}, which does not start at node 0 (the root)")
+    prev = 0
+    for k in range(1, len(path)):
+        node = path[k]
+        if type(node) is not int or not 0 <= node < n:
+            bad(f"reported path {tuple(path)}: path[{k}] = {node!r} is not a node of the {n}-node tree "
+                f"(an int in 0..{n - 1})")
+        if parents[node] != prev:
+            bad(f"reported path {tuple(path)}: path[{k}] = node {node} follows node {prev}, but node {node} is not "
+                f"a child of node {prev} (its parent is node {parents[node]}); a path walks from a node to one of "
+                "its children")
+        prev = node
+    accepted, tokens = v.accepted, tree.tokens
+    if len(accepted) != len(path) - 1:
+        bad(f"reported {len(accepted)} accepted tokens {tuple(accepted)} for the path {tuple(path)} of "
+            f"{len(path) - 1} nodes after the root; accepted holds one token per path node after the root "
+            f"(the walk's tokens: {tuple(tokens[i] for i in path[1:])})")
+    for k, t in enumerate(accepted):
+        if t != tokens[path[k + 1]]:
+            bad(f"reported accepted token {t!r} for node {path[k + 1]} of the path {tuple(path)}, whose token is "
+                f"{tokens[path[k + 1]]}; the accepted tokens are the path's tokens")
+    bonus = v.bonus
+    if bonus is not None and (type(bonus) is not int or not 0 <= bonus < vocab):
+        bad(f"reported bonus {bonus!r} after node {path[-1]}, not a token id (an int in [0, {vocab}))")
+    if greedy:
+        last = len(path) - 1
+        rows = logits[: last + 1] if path[-1] == last else logits.index_select(
+            0, torch.tensor(path, dtype=torch.long, device=logits.device))
+        best = rows.max(-1).indices.tolist()  # as GreedyTreeVerifier's top1: the first index among equal maxima
+        for k in range(last):
+            if accepted[k] != best[k]:
+                bad(f"accepted node {path[k + 1]} (token {accepted[k]}) in a greedy request, but the argmax of its "
+                    f"parent node {path[k]}'s logit row is {best[k]}; a greedy walk accepts a child only when its "
+                    "token is its parent's argmax")
+        if bonus != best[last]:
+            bad(f"reported bonus {bonus!r} after node {path[-1]} in a greedy request, but the argmax of that "
+                f"node's logit row is {best[last]}; the bonus is the last node's argmax")
+
+
+def _check_first(verifier: Verifier, v: Verified, greedy: bool, vocab: int) -> None:
+    """What the verifier's ``prefill`` reported as the first new token (``bonus``): a token id in ``[0, vocab)``
+    and, in a ``greedy`` request, the argmax of the last prompt position's row; or a :class:`VerifierError`."""
+    name, bonus = verifier.name, v.bonus
+    if type(bonus) is not int or not 0 <= bonus < vocab:
+        raise VerifierError(
+            name, f"Verifier {name!r} reported the prefill's bonus {bonus!r}, not a token id (an int in [0, {vocab})); "
+            "it is the first new token. Hint: the argmax (or the rule's choice) of the last prompt position's row",
+            "prefill",
+        )
+    if greedy and v.logits.dim() == 2:
+        best = int(v.logits[-1].max(-1).indices)
+        if bonus != best:
+            raise VerifierError(
+                name, f"Verifier {name!r} reported the prefill's bonus {bonus} in a greedy request, but the argmax of "
+                f"the last prompt position's logit row is {best}. Hint: the first new token is that argmax "
+                "(GreedyTreeVerifier.prefill)", "prefill",
+            )
 
 
 def _takes_keep(verifier) -> bool:
