@@ -34,6 +34,19 @@ def _clocked(monkeypatch, rate):
     return Clocked(16)
 
 
+def _after_measuring(monkeypatch, rate, then: float) -> None:
+    """Once :func:`lat.measure` returns, the forward takes ``then`` a token (the machine's load changed)."""
+    real = lat.measure
+
+    def measure(*a, **k):
+        try:
+            return real(*a, **k)
+        finally:
+            rate["s"] = then
+
+    monkeypatch.setattr(lat, "measure", measure)
+
+
 def _new_process():
     lat._checked.clear()
     lat._process_curves.clear()
@@ -74,15 +87,7 @@ def test_a_passing_disagreement_keeps_the_stored_curve(monkeypatch, capsys):
     model = _clocked(monkeypatch, rate)
     first = lat.curve_for(model, **KW)
     stored = lat.curve_path(model).read_text()
-    real = lat.measure
-
-    def busy_while_measuring(*a, **k):
-        try:
-            return real(*a, **k)
-        finally:
-            rate["s"] = 0.002  # the other process ends
-
-    monkeypatch.setattr(lat, "measure", busy_while_measuring)
+    _after_measuring(monkeypatch, rate, 0.002)  # the other process ends
     _new_process()
     capsys.readouterr()
     rate["s"] = 0.006  # busy
@@ -114,15 +119,7 @@ def test_when_neither_curve_holds_the_process_uses_the_new_one_and_the_stored_on
     model = _clocked(monkeypatch, rate)
     first = lat.curve_for(model, **KW)
     stored = lat.curve_path(model).read_text()
-    real = lat.measure
-
-    def then_slower(*a, **k):
-        try:
-            return real(*a, **k)
-        finally:
-            rate["s"] = 0.012  # the load changes again
-
-    monkeypatch.setattr(lat, "measure", then_slower)
+    _after_measuring(monkeypatch, rate, 0.012)  # the load changes again
     _new_process()
     capsys.readouterr()
     rate["s"] = 0.006

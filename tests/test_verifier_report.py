@@ -16,6 +16,8 @@ from goose.testing import ArbitraryTreeSource, ToyCausalLM, ToySplitLM, referenc
 from goose.testing.kit import ArbitraryTreeOptions
 from goose.verifiers.greedy import GreedyTreeVerifier
 
+from test_verifier_kit import Wrapping
+
 V = 16
 PROMPTS = ([3, 8, 13, 2, 7, 12, 3, 8, 13, 2], [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [0, 5, 0, 5, 9, 9, 9])
 
@@ -250,31 +252,17 @@ def test_the_builtin_verifier_passes_the_check(model, policy, sources, budget):
         assert len(out.token_ids) == 20
 
 
-class Wrapping(goose.Verifier):
-    """A verifier that wraps the built-in one and builds its own records (docs/plugins.md, "A verifier")."""
+class OwnRecords(Wrapping):
+    """The kit tests' wrapping verifier, building records of its own (docs/plugins.md, "A verifier")."""
 
-    name = "wrapping"
-
-    def __init__(self, options=None):
-        super().__init__(options)
-        self.inner = GreedyTreeVerifier()
-
-    def bind(self, model):
-        super().bind(model)
-        self.inner.bind(model)
-
-    def prefill(self, prompt_ids, keep=None):
-        return self.inner.prefill(prompt_ids, keep)
+    name = "own-records"
 
     def verify(self, tree):
         v = self.inner.verify(tree)  # a record of its own, equal to the inner one's: a copy of the tree
         return replace(v, tree=replace(tree), path=list(v.path), accepted=list(v.accepted))
 
-    def end(self):
-        self.inner.end()
-
 
 def test_a_wrapping_verifier_that_builds_its_own_record_passes_the_check():
-    dec = goose.compose(ToySplitLM(V), None, sources=["pld", "tr"], policy="spine", verifier=Wrapping(), budget=16)
+    dec = goose.compose(ToySplitLM(V), None, sources=["pld", "tr"], policy="spine", verifier=OwnRecords(), budget=16)
     for prompt in PROMPTS:
         assert dec.generate(prompt, max_new_tokens=30).token_ids == reference_greedy(prompt, 30, V)
