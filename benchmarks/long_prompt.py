@@ -72,7 +72,7 @@ def child(model_name: str, dtype: str, threads: int, n: int, method: str, new: i
 
         def run(x, k):
             out = dec.generate(x, max_new_tokens=k)
-            info["linear"] = out.stats.extra.get("linear")
+            info["linear"] = out.stats.extra.get("verifier", {}).get("linear")
             return out.token_ids
     info: dict = {}
     run(ids[:64], 4)  # warm-up

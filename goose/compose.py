@@ -22,7 +22,7 @@ def compose(
     *,
     sources: Sequence[ComponentSpec] = ("pld",),
     policy: ComponentSpec = "chain",
-    verifier: ComponentSpec = "greedy",
+    verifier: ComponentSpec = "transformers",
     budget: int = 60,
     source_options: Mapping[str, Mapping] | None = None,
     policy_options: Mapping | None = None,
@@ -69,10 +69,7 @@ def compose(
             CompositionWarning,
             stacklevel=2,
         )
-    if hasattr(pol, "verifier_setup"):  # a fitted policy trusts the latency curve of the verifier's kernels
-        vo = getattr(ver, "options", None)
-        pol.verifier_setup = call_component("verifier", ver, "setup") if hasattr(ver, "setup") else {k: getattr(vo, k) for k in ("linear", "gqa") if hasattr(vo, k)}
-    call_component("policy", pol, "attach", model)
+    call_component("policy", pol, "attach", model, ver)
     pm = get_plugin_manager()
     eos = _eos_ids(model, tokenizer)
     desc = f"sources={names} policy={pol.name} verifier={ver.name} budget={budget}"
@@ -81,7 +78,7 @@ def compose(
 
 def greedy(model, tokenizer=None, *, stop_token_ids: Iterable[int] = ()) -> Decoder:
     """Plain greedy decoding through the same loop and verifier (one token per forward)."""
-    return compose(model, tokenizer, sources=[], policy="greedy", budget=1, stop_token_ids=stop_token_ids)
+    return compose(model, tokenizer, sources=[], policy="none", budget=1, stop_token_ids=stop_token_ids)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

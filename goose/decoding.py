@@ -215,7 +215,7 @@ class Decoder:
         self.hook = hook
         self.description = description
         self.vocab_size = verifier.vocab_size
-        self.max_positions = getattr(verifier, "max_positions", None)
+        self.max_positions = verifier.max_positions
         self._lock = threading.Lock()
         n_succ = sum(1 for s in self.sources if s.provides_successors)
         self._idle: list[_Worker] = [_Worker(self.sources, policy, verifier, BranchRates() if n_succ > 1 else None)]
@@ -406,10 +406,10 @@ class Decoder:
         (goose/generation.py's ``Resolved``): what :meth:`generate` does after resolving its arguments, and
         what ``goose.hf_generate`` calls with the processors and criteria transformers' ``generate`` prepared."""
         needs_rule = not resolved.plain_greedy or record_scores
-        if needs_rule and not getattr(self.verifier, "supports_rules", False):
+        if needs_rule and not self.verifier.supports_rules:
             raise InvalidInputError(
                 f"verifier {self.verifier.name!r} verifies greedily only, so it cannot sample or apply logits "
-                "processors / stopping criteria. Hint: compose with verifier='greedy' (the tree verifier, which does both)."
+                "processors / stopping criteria. Hint: compose with verifier='transformers' (the built-in verifier, which does both)."
             )
         prompt_len = ids.numel()
         stops = set(self.stop_token_ids)
@@ -456,14 +456,11 @@ class Decoder:
         keep = self._prefill_positions(worker, len(prompt_ids))
         tally = _Tally()
         verifier = worker.verifier
-        if rule is not None:
-            verifier.rule = rule
         try:
             new, stopped_by = self._steps(worker, ids, prompt_ids, keep, max_new_tokens, stops, rule, streamer, tally)
         finally:
             call_component("verifier", verifier, "end")
             if rule is not None:
-                verifier.rule = None
                 rule.finish()
         out = self._output(worker, prompt_ids, new, stopped_by, keep, rule, tally, t_start)
         self._end(worker, out)
@@ -483,10 +480,8 @@ class Decoder:
                tally: _Tally) -> tuple[list[int], str]:
         """The prefill, then commit -> draft -> verify until a stop: the new tokens and why decoding stopped."""
         verifier = worker.verifier
-        if _takes_keep(verifier):
-            v = call_component("verifier", verifier, "prefill", ids, keep=keep)
-        else:
-            v = call_component("verifier", verifier, "prefill", ids)
+        rule_kw = {} if rule is None else {"rule": rule}  # a greedy-only verifier is never passed one
+        v = call_component("verifier", verifier, "prefill", ids, keep, **rule_kw)
         _check_pass(verifier, v, "prefill")
         t0 = time.perf_counter()
         _check_first(verifier, v, rule is None, self.vocab_size)
@@ -520,7 +515,7 @@ class Decoder:
                 self._observe(worker, replace(deferred, rest=None) if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk), tally)
                 deferred = None
             tree, draft_s = self._draft(worker, seq, view, len(prompt_ids), max_new_tokens - len(new), rule, tally)
-            committed = self._verify(worker, tree, stops, max_new_tokens - len(new), draft_s, rule is None, tally)
+            committed = self._verify(worker, tree, stops, max_new_tokens - len(new), draft_s, rule, tally)
         if deferred is not None:  # ended at its first token: the last row is all the sources see
             self._observe(worker, replace(deferred, rest=None), tally)
         return new, stopped_by
@@ -570,17 +565,18 @@ class Decoder:
         tally.draft_s += draft_s
         return tree, draft_s
 
-    def _verify(self, worker: _Worker, tree: DraftTree, stops, room: int, draft_s: float, greedy: bool,
+    def _verify(self, worker: _Worker, tree: DraftTree, stops, room: int, draft_s: float, rule,
                 tally: _Tally) -> tuple[int, ...]:
         """One forward over the tree; what the verifier reports is checked against the tree
         (:func:`_check_report`; ``greedy``: the request walks the raw argmax); the sources and policy observe
         it; the tokens it commits (cut at the first stop token and at ``room``); the step observers are told."""
         t0 = time.perf_counter()
-        v = call_component("verifier", worker.verifier, "verify", tree)
+        rule_kw = {} if rule is None else {"rule": rule}
+        v = call_component("verifier", worker.verifier, "verify", tree, **rule_kw)
         _check_pass(worker.verifier, v, "verify")
         t1 = time.perf_counter()
         verify_s = t1 - t0
-        _check_report(worker.verifier, tree, v, greedy, self.vocab_size)
+        _check_report(worker.verifier, tree, v, rule is None, self.vocab_size)
         tally.check_s += time.perf_counter() - t1
         tally.forwards += 1
         self._observe(worker, v, tally)
@@ -606,13 +602,11 @@ class Decoder:
             extra["policy"] = st
         if worker.branches is not None:  # successor sources' measured rate at ranks 0, 1, 2
             extra["branch_rates"] = worker.branches.snapshot()
-        # the rows the prefill's LM head computed: keep, or 1 where deferred rows were never needed
-        extra["prefill_logit_rows"] = int(getattr(verifier, "timers", {}).get("prefill_logit_rows", keep))
         st = call_component("verifier", verifier, "stats")
+        # the rows the prefill's LM head computed: keep, or 1 where deferred rows were never needed
+        extra["prefill_logit_rows"] = int(st.get("prefill_logit_rows", keep)) if st else keep
         if st:
             extra["verifier"] = st
-        if hasattr(verifier, "linear_info"):  # tree passes' linear layers, and the packed weights' MiB
-            extra["linear"] = call_component("verifier", verifier, "linear_info")
         if rule is not None:
             extra["sampling"] = {"walk": rule.kind, "draws": rule.draws}
         t = tally
@@ -674,11 +668,8 @@ class Decoder:
                 f"Tree policy {policy.name!r} returned {type(tree).__name__}; shape() must return "
                 "a goose.DraftTree or None. Hint: DraftTree.build(tokens, parents, origins)", "shape",
             )
-        if tree.num_nodes < 2:
-            # an ordinary step; the chains a policy laid out (meta["chains"]) go with it, so that the policy can
-            # book them against the step's token (policies/merge.py SourceRates.observe)
-            chains = tree.meta.get("chains")
-            return None if not chains else DraftTree((anchor,), (-1,), (ROOT,), None, "single", {"chains": chains})
+        if tree.num_nodes < 2:  # an ordinary step; the policy's meta travels with it, unread, to its observe
+            return DraftTree((anchor,), (-1,), (ROOT,), None, "single", dict(tree.meta))
         if tree.tokens[0] != anchor:
             raise TreePolicyError(
                 policy.name,
@@ -728,7 +719,7 @@ def _check_pass(verifier: Verifier, v, hook: str) -> None:
         raise VerifierError(
             verifier.name,
             f"Verifier {verifier.name!r} returned {type(v).__name__} from {hook}(); it must return a goose.Verified. "
-            "Hint: build the record as GreedyTreeVerifier does (verifiers/greedy.py)", hook,
+            "Hint: build the record as TransformersVerifier does (verifiers/greedy.py)", hook,
         )
     rows, n = int(v.logits.shape[0]), int(v.tokens.shape[0])
     if rows != n:  # the sources index the logits by the tokens' positions
@@ -743,7 +734,7 @@ def _check_pass(verifier: Verifier, v, hook: str) -> None:
 _REPORT_HINT = (
     "Hint: a verifier reports the root-to-node walk of the tree it was given (Verified.path, node 0 first), the "
     "tokens of the walk's nodes after the root (Verified.accepted) and the token after the last one "
-    "(Verified.bonus), as GreedyTreeVerifier.verify does; goose.testing.VerifierLosslessnessKit checks a "
+    "(Verified.bonus), as TransformersVerifier.verify does; goose.testing.VerifierLosslessnessKit checks a "
     "verifier's passes"
 )
 
@@ -803,7 +794,7 @@ def _check_report(verifier: Verifier, tree: DraftTree, v: Verified, greedy: bool
         last = len(path) - 1
         rows = logits[: last + 1] if path[-1] == last else logits.index_select(
             0, torch.tensor(path, dtype=torch.long, device=logits.device))
-        best = rows.max(-1).indices.tolist()  # as GreedyTreeVerifier's top1: the first index among equal maxima
+        best = rows.max(-1).indices.tolist()  # as TransformersVerifier's top1: the first index among equal maxima
         for k in range(last):
             if accepted[k] != best[k]:
                 bad(f"accepted node {path[k + 1]} (token {accepted[k]}) in a greedy request, but the argmax of its "
@@ -830,22 +821,8 @@ def _check_first(verifier: Verifier, v: Verified, greedy: bool, vocab: int) -> N
             raise VerifierError(
                 name, f"Verifier {name!r} reported the prefill's bonus {bonus} in a greedy request, but the argmax of "
                 f"the last prompt position's logit row is {best}. Hint: the first new token is that argmax "
-                "(GreedyTreeVerifier.prefill)", "prefill",
+                "(TransformersVerifier.prefill)", "prefill",
             )
-
-
-def _takes_keep(verifier) -> bool:
-    """Whether a (possibly third-party) verifier's ``prefill`` accepts ``keep``."""
-    import inspect
-
-    fn = type(verifier).prefill
-    cached = _KEEP_CACHE.get(fn)
-    if cached is None:
-        cached = _KEEP_CACHE[fn] = "keep" in inspect.signature(fn).parameters
-    return cached
-
-
-_KEEP_CACHE: dict = {}
 
 
 def _cut(committed: tuple[int, ...], stops, room: int) -> tuple[int, ...]:

@@ -1,8 +1,9 @@
 """The three extension points: :class:`DraftSource`, :class:`TreePolicy`, :class:`Verifier`.
 
-Everything that crosses one of these interfaces is a frozen dataclass. Components are built once
-by :func:`goose.compose`; the decoding loop then calls their methods directly (no hook calls per
-node). Options are pydantic models with ``extra="forbid"``.
+The records that cross them (:class:`Request`, :class:`DraftState`, :class:`Proposal`, :class:`Verified`,
+the :class:`~goose.tree.DraftTree`) are frozen dataclasses; a policy reads the sources through a
+:class:`DraftContext`. Components are built once by :func:`goose.compose`; the decoding loop then calls
+their methods directly (no hook calls per node). Options are frozen pydantic models with ``extra="forbid"``.
 """
 
 from __future__ import annotations
@@ -610,8 +611,9 @@ class TreePolicy(ABC):
     def bind(self, sources: Sequence[DraftSource]) -> None:
         """Called once by ``compose`` with the decoder's sources; raise GooseError if unusable."""
 
-    def attach(self, model) -> None:
-        """Called once by ``compose`` with the target model (e.g. to measure its latency)."""
+    def attach(self, model, verifier: Verifier) -> None:
+        """Called once by ``compose`` with the target model and the bound verifier that will run it (e.g.
+        to calibrate that verifier's latency through its speed protocol)."""
 
     def max_nodes(self, budget: int) -> int:
         """The most nodes (root included) a tree of this policy may have at this ``budget``.
@@ -659,21 +661,26 @@ class Verifier(ABC):
     """Runs the target model: the prefill, then one forward per draft tree, and keeps its cache.
 
     What the decoding loop reads besides the methods: ``vocab_size`` (ids outside ``[0, vocab_size)`` are
-    refused), ``max_positions`` (the model's context, None: unbounded), ``supports_rules`` (True: the
-    verifier walks trees with a sampling / processor rule, set on ``rule`` for a request, see
-    ``GreedyTreeVerifier``; False: greedy requests only). :meth:`bind` sets the first two from the model's
-    config; a verifier that wraps another sets them from the inner one (or calls ``super().bind``).
+    refused), ``max_positions`` (the model's context, None: unbounded) and ``supports_rules`` (True: the
+    verifier walks trees with a request's :class:`~goose.sampling.TokenRule`, passed to :meth:`prefill` and
+    :meth:`verify` as ``rule``; False: greedy requests only, and ``rule`` is never passed). :meth:`bind` sets
+    the first two from the model's config; a verifier that wraps another sets them from the inner one.
+
+    **Speed protocol.** A fitted policy (``spine-fit``) and ``goose calibrate`` price a tree by the latency
+    curve of the composed verifier, measured through :meth:`timing_key`, :meth:`pass_forms`,
+    :meth:`form_serves`, :meth:`time_pass` and :meth:`forms_kept` (goose.latency). The defaults time this
+    verifier's own ``verify``; a verifier whose passes can run in several forms (kernels) lists them so that
+    the calibration picks the fastest per tree size, and reads the result back with
+    ``goose.latency.cached_curve(model, self)``.
     """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
     supports_rules: ClassVar[bool] = False
-    #: what the latency curves timed with this verifier are cached under, with its class and options: raise it
-    #: when a change makes its earlier timings stale
+    #: part of :meth:`timing_key`: raise it when a change makes this verifier's earlier latency curves stale
     version: ClassVar[str] = "1"
     vocab_size: int
     max_positions: int | None = None
-    rule = None  # the request's TokenRule, set by the loop when supports_rules (None: greedy)
 
     def __init__(self, options: Options | None = None):
         self.options = options if options is not None else self.Options()
@@ -693,26 +700,57 @@ class Verifier(ABC):
         """Refuse a request this verifier cannot serve exactly (before any forward)."""
 
     @abstractmethod
-    def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:
+    def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None, rule=None) -> Verified:
         """Run the prompt (``[prompt_len]`` long) through the model, fresh cache.
 
         ``keep``: compute the logits of the last ``keep`` prompt positions only (None: all); the
         returned record then covers those positions (``tokens``, ``predecessors``, ``logits``).
         A verifier may instead return the last position's row only, with ``Verified.rest`` set to a
-        callable that computes the record with every row: the loop calls it before the first draft
-        (``GreedyTreeVerifier`` does so, option ``defer_prefill_rows``).
+        callable that computes the record with every row: the loop calls it before the first draft.
+        ``rule``: the request's token rule (sampling, processors), passed only when ``supports_rules``;
+        the first token is ``rule.choose(...)`` instead of the argmax, and the same rule reaches every
+        :meth:`verify` of the request.
         """
 
     @abstractmethod
-    def verify(self, tree: DraftTree) -> Verified:
-        """Verify ``tree`` (its root is the anchor), walk it greedily, commit the accepted path."""
+    def verify(self, tree: DraftTree, rule=None) -> Verified:
+        """Verify ``tree`` (its root is the anchor), walk it (greedily, or with ``rule``), commit the accepted path."""
 
     def end(self) -> None:
         """Release per-request state (the cache)."""
 
     def stats(self) -> dict:
-        """Per-generation statistics (e.g. time per part of verification)."""
+        """Per-generation statistics (e.g. time per part of verification), reported under ``stats.extra["verifier"]``;
+        ``prefill_logit_rows``, where given, is reported as ``stats.extra["prefill_logit_rows"]``."""
         return {}
+
+    # -- speed protocol --------------------------------------------------------------------------
+    def timing_key(self) -> dict:
+        """What the time of this verifier's passes depends on besides the model, the machine and the thread
+        count: its latency curve is stored under it. Default: the class, name, version and every option."""
+        cls = type(self)
+        return {"class": f"{cls.__module__}.{cls.__qualname__}", "name": self.name, "version": self.version,
+                "options": self.options.model_dump(mode="json")}
+
+    def pass_forms(self) -> tuple[str, ...]:
+        """The forms (kernels) besides the default that a pass may run in, for the calibration to compare."""
+        return ()
+
+    def form_serves(self, form: str, rows: int) -> bool:
+        """Whether ``form`` (one of :meth:`pass_forms`) runs a pass of ``rows`` nodes."""
+        return False
+
+    def time_pass(self, tree: DraftTree, form: str | None = None) -> float:
+        """Seconds of one pass of ``tree`` (its root a committed token's successor) over the cache of the
+        last :meth:`prefill`, in ``form`` (None: the default). The default times :meth:`verify`, which
+        commits the walk's tokens: the cache grows by a token or so per pass, which the calibration allows."""
+        t0 = time.perf_counter()
+        self.verify(tree)
+        return time.perf_counter() - t0
+
+    def forms_kept(self, forms: frozenset[str]) -> None:
+        """After a calibration: the forms it found fastest at some size; a verifier may release what the
+        others hold (packed weights, buffers)."""
 
 
 def text_config(config):

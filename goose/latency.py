@@ -1,8 +1,9 @@
-"""Forward latency against tree size, measured once per (model, dtype, device, threads) and cached.
+"""A verifier's pass time against tree size, measured through its speed protocol and cached.
 
-Verifying a tree costs one forward whose time grows with the number of nodes, differently per
-device and dtype (on these CPUs a bfloat16 forward over 16 tokens costs about one token's; in
-float32 2-3x more). The ``fit`` policy weighs expected accepted tokens against this curve.
+Verifying a tree costs one forward whose time grows with the number of nodes, differently per device,
+dtype and kernel. The curve is measured with the composed verifier's own passes (``Verifier.time_pass``,
+in each of its ``pass_forms``), stored under the model, the machine, the thread count and the verifier's
+``timing_key``, and checked once per process. The ``fit`` policy weighs expected accepted tokens against it.
 """
 
 from __future__ import annotations
@@ -162,47 +163,7 @@ def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict
     return out
 
 
-def _setup(setup: dict | None) -> dict:
-    """The verifier options a curve depends on, normalised: only a stock-only ``linear`` and
-    ``gqa=False`` give another curve (a forced form is run as calibrated for ``"auto"``)."""
-    setup = setup or {}
-    out = {}
-    if setup.get("linear") == "stock":
-        out["linear"] = "stock"
-    if setup.get("gqa", True) is False:
-        out["gqa"] = False
-    if setup.get("packed", True) is False and out.get("linear") != "stock":  # packs not allowed (pack_limit_mib)
-        out["packed"] = False
-    if setup.get("stream", True) is False and out.get("linear") != "stock":  # no streaming kernel here (numba)
-        out["stream"] = False
-    return out
-
-
-#: the registered verifier that times the curves (it reads them back: goose.verifiers.greedy)
-TIMING_VERIFIER = "greedy"
-
-
-def _timing_options(setup: dict | None) -> dict:
-    return {"gqa": _setup(setup).get("gqa", True)}
-
-
-def timed_by(setup: dict | None = None) -> dict:
-    """What produces a curve of this setting: the class registered under :data:`TIMING_VERIFIER` (a plugin
-    registered there in place of the built-in is another producer), its name, version and every option it
-    is built with."""
-    from goose.manager import get_registry
-
-    entry = get_registry().get("verifier", TIMING_VERIFIER)
-    cls = entry.cls
-    return {
-        "class": f"{cls.__module__}.{cls.__qualname__}",
-        "name": cls.name,
-        "version": cls.version,
-        "options": entry.options(_timing_options(setup)).model_dump(mode="json"),
-    }
-
-
-def _key(model, setup: dict | None = None) -> str:
+def _key(model, verifier) -> str:
     import torch
 
     cfg = getattr(model, "config", None)
@@ -227,11 +188,10 @@ def _key(model, setup: dict | None = None) -> str:
             "kernels": machine.kernels(),
             "torch": torch.__version__,
             "curve": CURVE_VERSION,
-            "verifier": timed_by(setup),
+            "verifier": verifier.timing_key(),
             # a model dispatched by accelerate (layers on other devices, offloaded to disk) is another curve
             "dispatch": sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}),
             "dispatched_modules": len(getattr(model, "hf_device_map", None) or {}),
-            **_setup(setup),
         },
         sort_keys=True,
     )
@@ -243,23 +203,16 @@ def cache_dir() -> Path:
 
 
 class _Timer:
-    """Tree passes of n chain tokens over a fixed cache of up to ``past_len`` tokens, timed as the
-    verifier runs them (its mask, position ids and linear-layer form); the cache is cropped back after
-    each pass."""
+    """Passes of n chain tokens, timed by the verifier's speed protocol (``time_pass``) over a cache of up to
+    ``past_len`` prompt tokens."""
 
-    def __init__(self, model, setup: dict | None, past_len: int, budget_s: float):
+    def __init__(self, verifier, past_len: int, budget_s: float):
         import torch
 
-        from goose.interfaces import Verifier
-        from goose.manager import build_component
-
-        # the registered tree verifier (timed_by: the curve's key names it): it reads the curves this module caches
-        self.v = v = build_component("verifier", (TIMING_VERIFIER, _timing_options(setup)), Verifier, None)
-        v.bind(model)
+        self.v = v = verifier
         self.g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, v.vocab_size, (past_len,), generator=self.g)
-        # the cache the sizes are timed over: past_len tokens, or fewer where that prefill alone would
-        # spend a fifth of the budget (256 tokens take 20 s for a 1.5B model in bfloat16 with AVX2 kernels)
+        # past_len tokens, or fewer where that prefill alone would spend a fifth of the budget
         probe = min(32, past_len)
         t0 = time.perf_counter()
         v.prefill(prompt[:probe], keep=1)
@@ -279,20 +232,20 @@ class _Timer:
         if tree is None:
             toks = torch.randint(0, v.vocab_size, (n,), generator=self.g).tolist()
             tree = self.trees[n] = DraftTree.from_chain(toks[0], toks[1:], "x")
-        return v.timed_chain(tree, form)
+        return v.time_pass(tree, form)
 
 
 def measure(
     model,
+    verifier,
     sizes=SIZES,
     past_len: int = 256,
     repeats: int = 3,
     budget_s: float = 25.0,
     stop_ratio: float = 12.0,
     progress=None,
-    compare_linear: bool = True,
+    compare_forms: bool = True,
     measure_head: bool = True,
-    setup: dict | None = None,
 ) -> LatencyCurve:
     """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n.
 
@@ -323,12 +276,13 @@ def measure(
     is called as it goes.
     """
     t_start = time.perf_counter()
-    timer = _Timer(model, setup, past_len, budget_s)
-    v = timer.v
+    timer = _Timer(verifier, past_len, budget_s)
+    v = verifier
     sizes = sorted(set(int(n) for n in sizes))
-    # the forms of the linear layers the verifier may use are timed against stock
-    forms = v.linear_forms(packed=_setup(setup).get("packed", True)) if compare_linear else []
-    w = _Walk(timer.once, forms, v.max_form_rows, progress or (lambda text: None), t_start, budget_s, stop_ratio,
+    # the forms the verifier's passes may run in are timed against its default
+    forms = list(v.pass_forms()) if compare_forms else []
+    max_rows = max((n for n in range(1, sizes[-1] + 1) if any(v.form_serves(f, n) for f in forms)), default=0)
+    w = _Walk(timer.once, forms, max_rows, progress or (lambda text: None), t_start, budget_s, stop_ratio,
               v.form_serves)
     w.warm_up(min(8, sizes[-1]))
     last = w.walk(sizes)  # the size round 1 stopped at for the time budget (None: it did not)
@@ -337,13 +291,12 @@ def measure(
     kept = sorted(w.times)
     w.rounds(kept, repeats)
     med = [statistics.median(w.times[n]) for n in kept]
-    head = _measure_head(model, v, med[0], w.say, t_start, timer.g) if measure_head else ()
+    head = _measure_head(model, med[0], w.say, t_start, timer.g) if measure_head else ()
     v.end()
     form = w.form
-    if "packed" not in form.values():  # the packs are memory the verifier will not read
-        v.release_packs()
-    filled = _between_anchors(form, last, v.max_form_rows) if last is not None else {}
+    filled = _between_anchors(form, last, max_rows) if last is not None else {}
     every = {**filled, **{n: form[n] for n in kept}}  # sizes between anchors run in the anchors' form
+    v.forms_kept(frozenset(f for f in every.values() if f is not None))
     listed = {f: tuple(n for n in sorted(every) if every[n] == f) for f in ("skinny", "packed", "stream")}
     return LatencyCurve(tuple(kept), tuple(med), listed["skinny"], head, listed["packed"], listed["stream"])
 
@@ -486,13 +439,13 @@ class _Walk:
                 self.times[n].append(self.once(n, self.form[n]))
             self.say(f"round {r + 1}/{repeats} ({self.elapsed():.1f} s)")
 
-def check(model, curve: LatencyCurve, setup: dict | None = None, tolerance: float = CHECK_TOLERANCE,
-          sizes=CHECK_SIZES, past_len: int = 256, budget_s: float = 25.0) -> list[tuple[int, float, float]]:
+def check(verifier, curve: LatencyCurve, tolerance: float = CHECK_TOLERANCE, sizes=CHECK_SIZES, past_len: int = 256,
+          budget_s: float = 25.0) -> list[tuple[int, float, float]]:
     """Time ``sizes`` on this machine as the curve says the verifier runs them (each size's form);
     return ``(n, cached seconds, seconds now)`` for each size off by more than ``tolerance`` either
     way (empty: the curve holds here). The median of three passes after an untimed one (which also
     makes the packed weights where the curve uses them)."""
-    timer = _Timer(model, setup, past_len, budget_s)
+    timer = _Timer(verifier, past_len, budget_s)
     off = []
     try:
         for n in sizes:
@@ -510,7 +463,7 @@ def check(model, curve: LatencyCurve, setup: dict | None = None, tolerance: floa
 HEAD_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def _measure_head(model, v, t1: float, say, t_start: float, g) -> tuple[tuple[int, float], ...]:
+def _measure_head(model, t1: float, say, t_start: float, g) -> tuple[tuple[int, float], ...]:
     """Seconds of the LM head alone on 1, 2, 4, 8, ... rows, until the extra rows cost one forward twice in a row.
 
     The prefill computes the logits of the trailing positions the sources learn from (token
@@ -577,14 +530,14 @@ def describe(model) -> str:
         return str(name)
 
 
-def curve_path(model, setup: dict | None = None) -> Path:
-    return cache_dir() / f"{_key(model, setup)}.json"
+def curve_path(model, verifier) -> Path:
+    return cache_dir() / f"{_key(model, verifier)}.json"
 
 
-def cached_curve(model, setup: dict | None = None) -> LatencyCurve | None:
-    """The curve this process uses for this model and setting (one it measured and did not store, see
+def cached_curve(model, verifier) -> LatencyCurve | None:
+    """The curve this process uses for ``verifier`` (bound to ``model``): one it measured and did not store (see
     :func:`curve_for`), else the stored one, or None (never measures)."""
-    path = curve_path(model, setup)
+    path = curve_path(model, verifier)
     mine = _process_curves.get(str(path))
     if mine is not None:
         return mine
@@ -596,27 +549,19 @@ def cached_curve(model, setup: dict | None = None) -> LatencyCurve | None:
         return None
 
 
-def curve_for(model, use_cache: bool = True, force: bool = False, setup: dict | None = None, check_cached: bool = True,
+def curve_for(model, verifier, use_cache: bool = True, force: bool = False, check_cached: bool = True,
               **measure_kw) -> LatencyCurve:
-    """The cached curve for this (model, dtype, device, threads), measured on first use.
+    """The latency curve of ``verifier`` (bound to ``model``) on this machine and thread count, measured through
+    its speed protocol on first use and cached under its :meth:`~goose.Verifier.timing_key`.
 
-    ``setup`` holds the verifier's kernel options (``linear``, ``gqa``): ``linear="stock"`` measures
-    (and caches apart) a curve of stock linear layers only, the verifier's cost when it is told not
-    to reroute, and ``gqa=False`` one whose tree passes copy grouped key/value heads as transformers
-    does; otherwise the curve of the fastest form per size that ``linear="auto"`` runs.
-    Measuring prints a progress line on stderr (and logs it to the ``goose`` logger);
-    ``goose calibrate`` does it ahead of time. With ``check_cached``, a cached curve is checked once
-    per process (:func:`check`: sizes 1 and 4 timed now) and measured anew, with a line on stderr, where
-    it is off by more than ``CHECK_TOLERANCE``: another machine under the same CPU name, or a curve
-    measured under load.
+    Measuring prints a progress line on stderr (and logs it to the ``goose`` logger); ``goose calibrate``
+    does it ahead of time. With ``check_cached``, a cached curve is checked once per process (:func:`check`:
+    sizes 1 and 4 timed now) and measured anew, with a line on stderr, where it is off by more than
+    ``CHECK_TOLERANCE``: another machine under the same CPU name, or a curve measured under load.
     """
-    setup = _setup(setup)
-    if setup.get("linear") == "stock":
-        measure_kw["compare_linear"] = False
-    measure_kw["setup"] = setup
-    path = curve_path(model, setup)
+    path = curve_path(model, verifier)
     with _path_lock(path):
-        return _curve_at(model, path, setup, use_cache, force, check_cached, measure_kw)
+        return _curve_at(model, verifier, path, use_cache, force, check_cached, measure_kw)
 
 
 def _path_lock(path: Path) -> threading.Lock:
@@ -624,7 +569,7 @@ def _path_lock(path: Path) -> threading.Lock:
         return _path_locks.setdefault(str(path), threading.Lock())
 
 
-def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, check_cached: bool,
+def _curve_at(model, verifier, path: Path, use_cache: bool, force: bool, check_cached: bool,
               measure_kw: dict) -> LatencyCurve:
     import torch
 
@@ -635,11 +580,11 @@ def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, chec
         mine = _process_curves.get(where)
         if mine is not None:
             return mine
-        stored = cached_curve(model, setup)
+        stored = cached_curve(model, verifier)
         if stored is not None:
             if not check_cached or where in _checked:
                 return stored
-            off = check(model, stored, setup, **check_kw)
+            off = check(verifier, stored, **check_kw)
             if not off:
                 _checked.add(where)
                 return stored
@@ -649,7 +594,7 @@ def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, chec
     threads = torch.get_num_threads()
     say, done = _progress_printer(describe(model))
     t0 = time.perf_counter()
-    curve = measure(model, progress=say, **measure_kw)
+    curve = measure(model, verifier, progress=say, **measure_kw)
     done(
         f"measured in {time.perf_counter() - t0:.1f} s: t(1) = {1000 * curve(1):.1f} ms, "
         f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
@@ -666,13 +611,13 @@ def _curve_at(model, path: Path, setup: dict, use_cache: bool, force: bool, chec
         _process_curves[where] = curve
         return curve
     if stored is not None:  # the stored curve disagreed: only a disagreement that lasts replaces it
-        again = check(model, stored, setup, **check_kw)
+        again = check(verifier, stored, **check_kw)
         if not again:
             _line(f"goose: the cached forward latency curve for {describe(model)} holds again: the disagreement was "
                   f"passing (the machine was busy); keeping it, the new measurement is not stored ({path})")
             _checked.add(where)
             return stored
-        new_off = check(model, curve, setup, **check_kw)
+        new_off = check(verifier, curve, **check_kw)
         if new_off:
             _line(f"goose: neither the cached forward latency curve for {describe(model)} ({_offs(again)}) nor the one "
                   f"just measured ({_offs(new_off)}) holds now; this process uses the new one and the cached one "

@@ -48,7 +48,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "goose.policies.isotropic",
     "goose.policies.spine",
     "goose.policies.fit",
-    "goose.verifiers.greedy",
+    "goose.verifiers.transformers_tree",
 )
 
 KINDS = {"source": DraftSource, "policy": TreePolicy, "verifier": Verifier}
@@ -69,6 +69,7 @@ class Entry:
     defaults: dict = field(default_factory=dict)
     description: str = ""
     alias_of: str | None = None
+    deprecated: bool = False  # an old name: building by it warns (DeprecationWarning) and builds alias_of
 
     def options(self, overrides: dict | None = None) -> Options:
         return self.cls.Options(**{**self.defaults, **(overrides or {})})
@@ -367,7 +368,7 @@ def _check_roles(cls, provider: str) -> None:
 def _make_register(reg: list, kind: str, provider: str, origin: str):
     base = KINDS[kind]
 
-    def register(cls, name=None, aliases=(), defaults=None, description=None) -> None:
+    def register(cls, name=None, aliases=(), defaults=None, description=None, deprecated=()) -> None:
         if not (inspect.isclass(cls) and issubclass(cls, base)):
             raise PluginError(
                 f"Plugin {provider!r} registered {cls!r} as a {_KIND_WORDS[kind]}, but it is not a "
@@ -402,6 +403,8 @@ def _make_register(reg: list, kind: str, provider: str, origin: str):
         reg.append(Entry(kind, nm, cls, provider, origin, defaults, doc))
         for alias in aliases:
             reg.append(Entry(kind, alias, cls, provider, origin, defaults, doc, alias_of=nm))
+        for old in deprecated:
+            reg.append(Entry(kind, old, cls, provider, origin, defaults, doc, alias_of=nm, deprecated=True))
 
     return register
 
@@ -455,6 +458,11 @@ def _component_error(entry: Entry, hook: str, exc: BaseException, options) -> Co
 def _construct(entry: Entry, options, overrides):
     """``entry.cls(options)``: a :class:`GooseError` it raises goes through; any other exception comes back as
     the role's :class:`ComponentError` naming the component and ``__init__``, the exception chained."""
+    if entry.deprecated:
+        import warnings
+
+        warnings.warn(f"{_KIND_WORDS[entry.kind]} name {entry.name!r} is deprecated: it is {entry.alias_of!r} now. "
+                      f"Hint: {entry.kind}={entry.alias_of!r}", DeprecationWarning, stacklevel=4)
     try:
         inst = entry.cls(options)
     except GooseError:

@@ -2,7 +2,7 @@
 
 A method is a preset name (:data:`PRESETS`) or a spec: draft sources joined by ``+``, then ``/``
 and a tree policy, and optionally ``/`` and a verifier, each with options in braces, e.g.
-``pld{max_chain=16}+tr{k=4}/spine-fit`` or ``pld+tr/spine-fit/greedy{linear=stock,gqa=false}``;
+``pld{max_chain=16}+tr{k=4}/spine-fit`` or ``pld+tr/spine-fit/transformers{linear=stock,gqa=false}``;
 an option value is JSON where it is a dict or a list (``spine-fit{source_priors={"pld":[[1.0,0.6,0.9]]}}``),
 else an int, a float, true/false, none, or the string. :func:`preset` turns either into the keyword
 arguments of :func:`goose.compose`; :func:`check_method` refuses an unknown component or option, or
@@ -20,7 +20,7 @@ from goose.errors import InvalidInputError, did_you_mean
 
 # name -> compose() keyword arguments (sources, policy, source options)
 PRESETS: dict[str, dict] = {
-    "greedy": {"sources": [], "policy": "greedy"},
+    "greedy": {"sources": [], "policy": "none"},
     "pld": {"sources": ["pld"], "policy": "chain"},
     "tr": {"sources": ["tr"], "policy": "tr-tree"},
     "tr-original": {"sources": ["tr-original"], "policy": "tr-tree", "budget": 81},
@@ -77,7 +77,7 @@ def _value(text: str, key: str = "", name: str = "", method: str = ""):
     return text.strip()
 
 
-def _component(spec: str, method: str):
+def component_spec(spec: str, method: str):
     """``name`` or ``name{key=value,...}`` -> name, or (name, options)."""
     name, brace, rest = spec.partition("{")
     name = name.strip()
@@ -129,9 +129,9 @@ def preset(name: str) -> dict:
                 f"method {name!r} has {len(parts)} parts; a method is SRC+SRC/POLICY or SRC+SRC/POLICY/VERIFIER. "
                 "Hint: pld+tr/spine-fit/greedy"
             )
-        out = {"sources": [_component(s, name) for s in _split_top(parts[0], "+") if s.strip()]}
+        out = {"sources": [component_spec(s, name) for s in _split_top(parts[0], "+") if s.strip()]}
         for role, spec in zip(("policy", "verifier"), parts[1:]):
-            comp = _component(spec, name)
+            comp = component_spec(spec, name)
             if isinstance(comp, tuple):
                 out[role], out[f"{role}_options"] = comp
             else:
@@ -155,7 +155,7 @@ def check_method(name: str) -> None:
     for spec in kw.get("sources", []):
         build_component("source", spec, DraftSource, None)
     build_component("policy", kw["policy"], TreePolicy, kw.get("policy_options"))
-    build_component("verifier", kw.get("verifier", "greedy"), Verifier, kw.get("verifier_options"))
+    build_component("verifier", kw.get("verifier", "transformers"), Verifier, kw.get("verifier_options"))
 
 
 def split_methods(text: str) -> list[str]:

@@ -36,6 +36,7 @@ class ChainPolicy(TreePolicy):
         super().__init__(options)
         self.rates = SourceRates()
         self._names: tuple[str, ...] | None = None
+        self._sources: tuple = ()
 
     def consulted(self, sources):
         return frozenset({self.options.source}) if self.options.source else None
@@ -43,8 +44,8 @@ class ChainPolicy(TreePolicy):
     def bind(self, sources) -> None:
         self._sources = tuple(sources)
 
-    def attach(self, model) -> None:
-        load_tiers(self.rates, getattr(self, "_sources", ()), model)
+    def attach(self, model, verifier) -> None:
+        load_tiers(self.rates, self._sources, model)
 
     def begin(self, request) -> None:
         self.rates.begin(fresh=request is None)
@@ -70,10 +71,10 @@ class ChainPolicy(TreePolicy):
         return {"source_rates": snap} if snap else {}
 
 
-class GreedyPolicy(TreePolicy):
-    """Never draft: every step is one ordinary decoding step (plain greedy decoding)."""
+class NoDraftPolicy(TreePolicy):
+    """Never draft: every step is one ordinary decoding step (one token per forward)."""
 
-    name = "greedy"
+    name = "none"
 
     def consulted(self, sources):
         return frozenset()
@@ -107,5 +108,5 @@ class ProposalPolicy(TreePolicy):
 @hookimpl(trylast=True)
 def goose_register_policies(register) -> None:
     register(ChainPolicy)
-    register(GreedyPolicy, aliases=("none",))
+    register(NoDraftPolicy, deprecated=("greedy",))
     register(ProposalPolicy)

@@ -212,7 +212,7 @@ class FitPolicy(TreePolicy):
                 "Hint: inner='spine', or drop spine_source."
             )
         self.curve = None
-        self.verifier_setup: dict = {}  # the verifier's kernel options (compose sets them): which curve to trust
+        self._sources: tuple = ()
         if o.latency:
 
             items = sorted((int(k), float(v)) for k, v in o.latency.items())
@@ -240,15 +240,15 @@ class FitPolicy(TreePolicy):
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         return self.inner.consulted(sources)
 
-    def attach(self, model) -> None:
-        self.inner.attach(model)
+    def attach(self, model, verifier) -> None:
+        self.inner.attach(model, verifier)
         if self.options.source_priors is None:  # the tiers `goose tiers` stored for each chain source with this model
 
-            found = measured_tiers.for_sources(getattr(self, "_sources", ()), model)
+            found = measured_tiers.for_sources(self._sources, model)
             self._set_priors({name: sorted(t, key=lambda x: -x[0]) for name, t in found.items()})
         if self.curve is None:
 
-            self.curve = latency.curve_for(model, setup=self.verifier_setup)
+            self.curve = latency.curve_for(model, verifier)
         self._t = self.curve.table(512)
 
     def max_nodes(self, budget: int) -> int:

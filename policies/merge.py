@@ -77,6 +77,7 @@ class MergingPolicy(TreePolicy):
         super().__init__(options)
         self._spine: str | None = None
         self._chains: tuple[str, ...] = ()
+        self._sources: tuple[DraftSource, ...] = ()
         self._bound = False
         self.rates = self.make_rates()
 
@@ -92,9 +93,9 @@ class MergingPolicy(TreePolicy):
         self._sources = tuple(sources)
         self._bound = True
 
-    def attach(self, model) -> None:
+    def attach(self, model, verifier) -> None:
         """The model is known: every chain source's rates start at the tiers measured with it."""
-        load_tiers(self.rates, getattr(self, "_sources", ()), model)
+        load_tiers(self.rates, self._sources, model)
 
     def trusted(self, drafted: Drafted | None) -> float:
         """The confidence ``drafted`` may spend (extension, spine share, bypass): :meth:`SourceRates.trusted`

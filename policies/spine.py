@@ -428,8 +428,11 @@ class BypassPolicy(TreePolicy):
             self.inner: TreePolicy = manager.build_inner(o.inner, o.inner_options, {"spine_source": o.spine_source}, self.name)
         finally:
             _NESTING.depth -= 1
+        # a spine-tree inner policy merges every source's chain: the bypass takes its spine and its trust
+        self._spine_inner = self.inner if isinstance(self.inner, SpinePolicy) else None
         self._spine: str | None = None
         self._chains: tuple[str, ...] = ()
+        self._sources: tuple[DraftSource, ...] = ()
         self._bound = False
         self._thresholds: dict[int, int] = {}
         self.rates = SourceRates()  # around a policy that does not merge chains: which chain leads, its trust
@@ -445,15 +448,15 @@ class BypassPolicy(TreePolicy):
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         inner = self.inner.consulted(sources)
-        if hasattr(self.inner, "lay_out") or inner is None:  # bypasses with the inner policy's spine
+        if self._spine_inner is not None or inner is None:  # bypasses with the inner policy's spine
             return inner
         o = self.options
         return inner | ({o.spine_source} if o.spine_source else {s.name for s in sources if not s.provides_successors})
 
-    def attach(self, model) -> None:
-        if not hasattr(self.inner, "lay_out"):  # its own rates decide only around a policy that does not merge chains
-            load_tiers(self.rates, getattr(self, "_sources", ()), model)
-        self.inner.attach(model)
+    def attach(self, model, verifier) -> None:
+        if self._spine_inner is None:  # its own rates decide only around a policy that does not merge chains
+            load_tiers(self.rates, self._sources, model)
+        self.inner.attach(model, verifier)
 
     def max_nodes(self, budget: int) -> int:
         return max(self.inner.max_nodes(budget), self.options.max_chain + 1)
@@ -479,11 +482,11 @@ class BypassPolicy(TreePolicy):
         if not self._bound:
             self.bind(ctx.sources)
         o = self.options
-        lay_out = getattr(self.inner, "lay_out", None)
-        if lay_out is not None:  # the inner policy merges every source's chain: bypass with its spine, its trust
-            merged = lay_out(ctx)
+        inner = self._spine_inner
+        if inner is not None:  # the inner policy merges every source's chain: bypass with its spine, its trust
+            merged = inner.lay_out(ctx)
             lead = merged.leader
-            if (lead is not None and lead.confidence >= o.min_confidence and self.inner.trusted(lead) > 0.0
+            if (lead is not None and lead.confidence >= o.min_confidence and inner.trusted(lead) > 0.0
                     and len(lead.tokens) >= self.threshold(ctx.budget)
                     and (o.spine_source is None or lead.source == o.spine_source)):
                 tree = self._bypass_tree(ctx, lead.tokens, merged.spine_sources, lead.confidence, chains=merged.chains)
@@ -520,7 +523,7 @@ class BypassPolicy(TreePolicy):
             self.cycles += 1
             self.drafted += tree.num_nodes - 1
             self.accepted += len(verified.path) - 1
-        if tree is not None and verified.kind == "tree" and not hasattr(self.inner, "lay_out"):
+        if tree is not None and verified.kind == "tree" and self._spine_inner is None:
             self.rates.observe(tree, verified.path, verified.bonus)  # the chains every tree laid out, where it says
         self.inner.observe(verified)
 

@@ -400,7 +400,7 @@ def test_method_specs_take_options():
     ('pld+tr/spine-fit{source_priors={"pld":[[1.0,0.6,0.9]}}', r"do not close in order"),
     ('pld+tr/spine-fit{source_priors={"pld":[[1.0,1.6,0.9]]}}', r"source_priors\['pld'\]: each tier"),
     ("pld+tr/spine/nosuch", r"Unknown verifier 'nosuch'"),
-    ("pld+tr/spine/greedy{linear=fast}", r"Invalid options for verifier 'greedy': linear"),
+    ("pld+tr/spine/greedy{linear=fast}", r"Invalid options for verifier 'transformers': linear"),
     ("pld+tr/spine/greedy/more", r"has 4 parts; a method is SRC\+SRC/POLICY or SRC\+SRC/POLICY/VERIFIER"),
 ])
 def test_a_bad_method_spec_is_refused_with_its_reason(spec, needle):
@@ -418,7 +418,7 @@ def test_a_method_with_options_is_benchmarked(tiny_model_dir, tmp_path, capsys):
     assert rc == 0
     data = json.loads((out / "results.json").read_text())
     assert {r["method"] for r in data["runs"]} == {"ar", "pld{max_chain=4}/chain", stock}
-    linear = next(r["stats"]["extra"]["linear"] for r in data["runs"] if r["method"] == stock)
+    linear = next(r["stats"]["extra"]["verifier"]["linear"] for r in data["runs"] if r["method"] == stock)
     assert linear["option"] == "stock"  # the verifier the spec named, with its options
     assert data["mismatches"] == []
     # refused before the model loads

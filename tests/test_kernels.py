@@ -13,14 +13,14 @@ from goose.errors import UnsupportedModelError
 from goose.tree import DraftTree
 from goose.verifiers import attention, skinny
 from goose.verifiers.cache import HeadroomLayer
-from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+from goose.verifiers.transformers_tree import TransformersVerifier, TreeVerifierOptions
 
 from test_hf_architectures import get, hf_greedy, tiny
 
 
 def _tree_logits(model, opts: dict, prompt, trees, commit_first: bool = True):
     """Logits of each tree pass in turn over one cache (committing the root of each)."""
-    v = GreedyTreeVerifier(TreeVerifierOptions(**opts))
+    v = TransformersVerifier(TreeVerifierOptions(**opts))
     v.bind(model)
     v.prefill(torch.tensor(prompt), keep=1)
     out = []
@@ -161,7 +161,7 @@ def test_the_packs_memory_is_measured_reported_and_bounded():
     want = hf_greedy(model, prompt, 16)
     dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=24, verifier_options={"linear": "packed"})
     out = dec.generate(prompt, max_new_tokens=16)
-    lin = out.stats.extra["linear"]
+    lin = out.stats.extra["verifier"]["linear"]
     assert out.token_ids == want and lin["packed"] is True and lin["option"] == "packed"
     made = skinny.packed_bytes(mods)
     assert made > 0 and lin["packed_mib"] == round(made / 2**20, 1)
@@ -174,9 +174,9 @@ def test_the_packs_memory_is_measured_reported_and_bounded():
     dec0 = goose.compose(model, None, sources=["pld", "tr"], policy="spine", budget=24, verifier_options={"pack_limit_mib": 0})
     out0 = dec0.generate(prompt, max_new_tokens=16)
     assert out0.token_ids == want
-    assert out0.stats.extra["linear"]["packed"] is False and out0.stats.extra["linear"]["packed_mib"] == 0.0
-    assert skinny.packed_bytes(mods) == 0 and dec0.verifier.setup()["packed"] is False
-    assert dec.verifier.setup()["packed"] is True
+    assert out0.stats.extra["verifier"]["linear"]["packed"] is False and out0.stats.extra["verifier"]["linear"]["packed_mib"] == 0.0
+    assert skinny.packed_bytes(mods) == 0 and dec0.verifier.timing_key()["packed"] is False
+    assert "packed" not in dec.verifier.timing_key()
     assert weights < 2**20 and skinny.prepack(mods, limit_mib=4) and skinny.packed_bytes(mods) > 0
     skinny.release_packs(mods)
     # packs that measure over the limit once made are dropped again (16 MiB of weights, a 4 MiB limit)

@@ -55,7 +55,7 @@ def _new_process():
 def test_the_key_names_the_class_version_and_options_that_timed_the_curve(monkeypatch):
     model = ToyCausalLM(16)
     base = lat.curve_path(model)
-    assert lat.timed_by()["class"] == "goose.verifiers.greedy.GreedyTreeVerifier"
+    assert lat.timed_by()["class"] == "goose.verifiers.transformers_tree.TransformersVerifier"
     assert lat.curve_path(model, {"gqa": False}) != base  # another option of the timing verifier
 
     entry = get_registry().get("verifier", lat.TIMING_VERIFIER)

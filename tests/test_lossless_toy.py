@@ -12,7 +12,7 @@ import goose
 import goose.tree
 from goose.testing import ArbitraryTreeSource, ToyCausalLM, reference_greedy
 from goose.testing.kit import ArbitraryTreeOptions
-from goose.verifiers.greedy import GreedyTreeVerifier
+from goose.verifiers.transformers_tree import TransformersVerifier
 
 NO_SHRINK = (Phase.explicit, Phase.generate)  # fault tests need a failing case, not the smallest one
 
@@ -171,12 +171,12 @@ def test_fault_kv_commit_without_gather_is_caught(monkeypatch):
         if remove > 0:
             self.cache.crop(-remove)
 
-    monkeypatch.setattr(GreedyTreeVerifier, "commit", crop_only)
+    monkeypatch.setattr(TransformersVerifier, "commit", crop_only)
     _diverged(_property_fails())
 
 
 def test_fault_kv_commit_off_by_one_is_caught(monkeypatch):
-    orig = GreedyTreeVerifier.commit
+    orig = TransformersVerifier.commit
 
     def keep_one_less(self, past, path, num_nodes):
         orig(self, past, path, num_nodes)
@@ -184,7 +184,7 @@ def test_fault_kv_commit_off_by_one_is_caught(monkeypatch):
             self.cache.crop(-1)
             self.past_len_fault = True
 
-    monkeypatch.setattr(GreedyTreeVerifier, "commit", keep_one_less)
+    monkeypatch.setattr(TransformersVerifier, "commit", keep_one_less)
     exc = _property_fails()
     # a cache one position short is caught either way the random search meets it first: the next tree's
     # mask no longer fits the cache (the toy model refuses it; the verifier names itself), or the pass

@@ -9,7 +9,7 @@ import goose
 import goose.manager
 from goose.policies.spine import SpinePolicy
 from goose.testing import ToyCausalLM
-from goose.verifiers.greedy import GreedyTreeVerifier
+from goose.verifiers.transformers_tree import TransformersVerifier
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
 
@@ -71,9 +71,9 @@ class FaultyPolicy(SpinePolicy):
         _fails(self, "consulted")
         return super().consulted(sources)
 
-    def attach(self, model):
+    def attach(self, model, verifier):
         _fails(self, "attach")
-        super().attach(model)
+        super().attach(model, verifier)
 
     def max_nodes(self, budget):
         _fails(self, "max_nodes")
@@ -104,7 +104,7 @@ class FaultyPolicy(SpinePolicy):
         super().end(output)
 
 
-class FaultyVerifier(GreedyTreeVerifier):
+class FaultyVerifier(TransformersVerifier):
     name = "faulty-verifier"
     fail = None
 
@@ -190,7 +190,7 @@ def test_a_goose_error_a_component_raises_goes_through_as_raised():
 
 
 def test_a_verifier_that_returns_no_record_is_named():
-    class NoRecord(GreedyTreeVerifier):
+    class NoRecord(TransformersVerifier):
         name = "no-record"
 
         def verify(self, tree):
@@ -244,7 +244,7 @@ def test_options_that_are_not_a_dict_name_the_source(spec, kw):
 def test_policy_and_verifier_options_that_are_not_a_dict_are_named():
     with pytest.raises(goose.InvalidInputError, match=r"options for policy 'spine' must be a dict"):
         goose.compose(ToyCausalLM(), None, sources=["pld"], policy=("spine", [1]))
-    with pytest.raises(goose.InvalidInputError, match=r"options for verifier 'greedy' must be a dict"):
+    with pytest.raises(goose.InvalidInputError, match=r"options for verifier 'transformers' must be a dict"):
         goose.compose(ToyCausalLM(), None, sources=["pld"], verifier_options=["linear"])
 
 

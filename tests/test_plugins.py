@@ -89,7 +89,7 @@ def test_runtime_plugin_registers_and_composes_by_name():
 
 
 def test_policy_and_verifier_plugins_register_through_hooks():
-    from goose.verifiers.greedy import GreedyTreeVerifier
+    from goose.verifiers.transformers_tree import TransformersVerifier
 
     class FirstTwo(goose.TreePolicy):
         """Verify only the first two drafted tokens of the first proposal."""
@@ -101,7 +101,7 @@ def test_policy_and_verifier_plugins_register_through_hooks():
                 return goose.DraftTree.from_chain(ctx.state.anchor, p.tokens[:2], p.source)
             return None
 
-    class CountingVerifier(GreedyTreeVerifier):
+    class CountingVerifier(TransformersVerifier):
         name = "counting"
         calls = 0
 
@@ -345,7 +345,7 @@ def test_every_hook_is_tested_and_documented():
     probes = {
         "goose_register_sources": ("source", base.get("source", "pld").cls),
         "goose_register_policies": ("policy", base.get("policy", "spine").cls),
-        "goose_register_verifiers": ("verifier", base.get("verifier", "greedy").cls),
+        "goose_register_verifiers": ("verifier", base.get("verifier", "transformers").cls),
     }
 
     def registration(hookname):
@@ -436,7 +436,7 @@ def test_options_docs_are_up_to_date(monkeypatch):
     goose.manager.reset()
     have = (ROOT / "docs" / "options.md").read_text()
     assert "PydanticUndefined" not in have, "docs/options.md prints pydantic's sentinel instead of a default"
-    # Each component's section, per kind ("## Tree policies", ...; `greedy` is a policy and a verifier):
+    # Each component's section, per kind ("## Tree policies", ...; a name may be a policy and a verifier):
     # from its "### `name`" heading to the next heading.
     parts = dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", have, flags=re.M | re.S))
     reg = goose.manager.get_registry()
@@ -448,7 +448,8 @@ def test_options_docs_are_up_to_date(monkeypatch):
             assert name in sections, f"docs/options.md has no section for the {kind} {name!r}"
             text = sections[name]
             if e.alias_of:
-                assert f"Alias of `{e.alias_of}`." in text, f"{name!r}: alias of {e.alias_of!r} not stated"
+                said = "Deprecated name of" if e.deprecated else "Alias of"
+                assert f"{said} `{e.alias_of}`." in text, f"{name!r}: {said.lower()} {e.alias_of!r} not stated"
                 continue
             for field, info in e.cls.Options.model_fields.items():
                 if field in e.defaults:

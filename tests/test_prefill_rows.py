@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import goose
-from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+from goose.verifiers.transformers_tree import TransformersVerifier, TreeVerifierOptions
 from test_reliability import _tiny_llama
 
 
 def _verifier(model, **opts):
-    v = GreedyTreeVerifier(TreeVerifierOptions(**opts))
+    v = TransformersVerifier(TreeVerifierOptions(**opts))
     v.bind(model)
     return v
 

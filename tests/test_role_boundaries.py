@@ -186,9 +186,9 @@ class Recording(goose.Verifier):
 
     def __init__(self, options=None):
         super().__init__(options)
-        from goose.verifiers.greedy import GreedyTreeVerifier
+        from goose.verifiers.transformers_tree import TransformersVerifier
 
-        self.inner = GreedyTreeVerifier()
+        self.inner = TransformersVerifier()
         self.sizes: list[int] = []
 
     def bind(self, model):

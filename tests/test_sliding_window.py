@@ -25,7 +25,7 @@ from goose.testing import ToyCausalLM, reference_greedy
 from goose.testing.kit import ReferenceTreeSource
 from goose.tree import DraftTree
 from goose.verifiers import attention
-from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+from goose.verifiers.transformers_tree import TransformersVerifier, TreeVerifierOptions
 
 V = 128
 W = 8  # the tiny models' sliding window
@@ -281,7 +281,7 @@ def test_cache_after_each_commit_equals_one_token_decoding():
     model = get("gemma3", "sdpa", torch.float64)
     prompt = repetitive_prompt(7, W - 3)
     ref = hf_generate(model, prompt, 12 * W)
-    v = GreedyTreeVerifier(TreeVerifierOptions())
+    v = TransformersVerifier(TreeVerifierOptions())
     v.bind(model)
     ver = v.prefill(torch.tensor(prompt))
     committed, anchor = list(prompt), int(ver.bonus)

@@ -157,10 +157,10 @@ def _walk(times):
     import time
 
     from goose.latency import _Walk
-    from goose.verifiers.greedy import GreedyTreeVerifier
+    from goose.verifiers.transformers_tree import TransformersVerifier
 
     return _Walk(lambda n, f=None: times(n, f), ["skinny", "stream"], 64, lambda text: None, time.perf_counter(),
-                 1e9, 12.0, GreedyTreeVerifier.form_serves)
+                 1e9, 12.0, TransformersVerifier.form_serves)
 
 
 def test_calibration_compares_one_row_and_drops_forms_far_slower():
@@ -339,8 +339,8 @@ def test_auto_runs_the_calibrated_sizes_one_row_included(monkeypatch):
     v = goose.compose(model, None, sources=["pld"], policy="chain", budget=8).verifier
     v._resolve_forms()
     assert (v._form_for(1), v._form_for(2), v._form_for(4), v._form_for(3)) == ("stream", "skinny", "stream", None)
-    assert v.linear_info()["stream"] and v.linear_info()["stream_extra_mib"] == 0.0
-    assert v.linear_info()["stream_vector_bits"] == stream.vector_width()["bits"]
+    assert v.stats()["linear"]["stream"] and v.stats()["linear"]["stream_extra_mib"] == 0.0
+    assert v.stats()["linear"]["stream_vector_bits"] == stream.vector_width()["bits"]
     forced = goose.compose(model, None, sources=["pld"], policy="chain", budget=8, verifier_options={"linear": "skinny"})
     assert forced.verifier._form_for(1) is None and forced.verifier._form_for(3) == "skinny"
 
@@ -387,7 +387,7 @@ def test_smollm2_with_the_kernel_forced(monkeypatch):
         if hf != ref:
             pos = next(i for i, (a, b) in enumerate(zip(hf, ref)) if a != b)
             assert top2_gap(model, torch.tensor([ids]), hf, pos) < 1e-2, (p.id, pos)
-        for policy in ("greedy", "spine", "spine-fit"):
+        for policy in ("none", "spine", "spine-fit"):
             dec = goose.compose(model, tok, sources=[] if policy == "greedy" else ["pld", "tr"], policy=policy,
                                 verifier_options={"linear": "stream"})
             out = dec.generate(ids, max_new_tokens=32)

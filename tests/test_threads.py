@@ -20,7 +20,7 @@ import goose
 from goose.decoding import Decoder
 from goose.manager import get_registry
 from goose.testing import ToyCausalLM, ToySplitLM, reference_greedy
-from goose.verifiers import greedy as greedy_verifier
+from goose.verifiers import transformers_tree as greedy_verifier
 
 pytestmark = pytest.mark.filterwarnings("ignore::goose.compose.CompositionWarning")
 
@@ -217,7 +217,7 @@ def test_fault_a_capture_that_takes_every_threads_pass_is_caught(monkeypatch):
         test_another_threads_pass_during_a_prefill_is_not_taken_for_its_rows()
 
 
-class _FewerRows(greedy_verifier.GreedyTreeVerifier):
+class _FewerRows(greedy_verifier.TransformersVerifier):
     """A verifier that hands the loop a prefill whose logits have fewer rows than its tokens."""
 
     name = "fewer-rows"

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import goose
 from goose.decoding import prune
 from goose.testing import trees
-from goose.verifiers.greedy import walk
+from goose.verifiers.transformers_tree import walk
 
 
 def ancestors_brute(parents, i):

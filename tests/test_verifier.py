@@ -5,7 +5,7 @@ import torch
 
 import goose
 from goose.testing import ToyCausalLM
-from goose.verifiers.greedy import ROOT_PREDECESSOR_ROUTES
+from goose.verifiers.transformers_tree import ROOT_PREDECESSOR_ROUTES
 
 
 def test_root_predecessor_by_route():
@@ -18,7 +18,7 @@ def test_root_predecessor_by_route():
 
     goose.register_plugin(Obs(), name="obs")
     prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 2
-    for policy, sources in [("greedy", []), ("chain", ["pld"]), ("spine", ["pld", "tr"])]:
+    for policy, sources in [("none", []), ("chain", ["pld"]), ("spine", ["pld", "tr"])]:
         steps.clear()
         out = goose.compose(ToyCausalLM(16), None, sources=sources, policy=policy).generate(prompt, max_new_tokens=30)
         seq = list(prompt) + out.token_ids
@@ -39,7 +39,7 @@ def test_root_predecessor_by_route():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_top1_is_argmax_with_ties(dtype):
     """The walk's argmax picks the first of equal maxima in every dtype, as greedy decoding does."""
-    from goose.verifiers.greedy import top1
+    from goose.verifiers.transformers_tree import top1
 
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(64, 4096, generator=g) * 2).round().to(dtype)  # coarse values: many ties
@@ -53,7 +53,7 @@ def test_top1_is_argmax_with_ties(dtype):
 def test_top1_equals_argmax_on_edge_values(threads, vocab):
     """``max(-1).indices`` is the walk's argmax: equal to ``argmax`` on ties, NaN, infinities, rows of -inf
     and strided views, at a small, an odd and Gemma-3's vocabulary size, on one thread and two."""
-    from goose.verifiers.greedy import top1
+    from goose.verifiers.transformers_tree import top1
 
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

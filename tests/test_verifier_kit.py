@@ -7,7 +7,7 @@ import pytest
 
 import goose
 from goose.testing import VerifierLosslessnessKit
-from goose.verifiers.greedy import GreedyTreeVerifier
+from goose.verifiers.transformers_tree import TransformersVerifier
 
 
 class Wrapping(goose.Verifier):
@@ -17,7 +17,7 @@ class Wrapping(goose.Verifier):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.inner = GreedyTreeVerifier()
+        self.inner = TransformersVerifier()
 
     def bind(self, model):
         super().bind(model)
@@ -26,26 +26,26 @@ class Wrapping(goose.Verifier):
     def check_request(self, prompt_len, max_new_tokens, max_depth):
         self.inner.check_request(prompt_len, max_new_tokens, max_depth)
 
-    def prefill(self, prompt_ids, keep=None):
+    def prefill(self, prompt_ids, keep=None, rule=None):
         return self.inner.prefill(prompt_ids, keep)
 
-    def verify(self, tree):
+    def verify(self, tree, rule=None):
         return self.inner.verify(tree)
 
     def end(self):
         self.inner.end()
 
 
-class TestGreedyVerifier(VerifierLosslessnessKit):
+class TestBuiltinVerifier(VerifierLosslessnessKit):
     def make_verifier(self):
-        return "greedy"
+        return "transformers"
 
 
 class TestGreedyVerifierRowsInPrefill(VerifierLosslessnessKit):
     max_examples = 10
 
     def make_verifier(self):
-        return ("greedy", {"defer_prefill_rows": False, "headroom": False})
+        return ("transformers", {"defer_prefill_rows": False, "headroom": False})
 
 
 class TestWrappingVerifier(VerifierLosslessnessKit):
@@ -56,14 +56,14 @@ class TestWrappingVerifier(VerifierLosslessnessKit):
 
 
 # -- one fault each -------------------------------------------------------------------------------
-class SwappedRows(GreedyTreeVerifier):
+class SwappedRows(TransformersVerifier):
     """Returns a tree pass's logit rows of two nodes off the walk's path swapped: the walk and the output are
     right, what the sources learn from is not (the loop checks the rows on the path only)."""
 
     name = "swapped-rows"
 
-    def verify(self, tree):
-        v = super().verify(tree)
+    def verify(self, tree, rule=None):
+        v = super().verify(tree, rule)
         off = [i for i in range(tree.num_nodes) if i not in v.path]
         if len(off) < 2:
             return v
@@ -72,21 +72,21 @@ class SwappedRows(GreedyTreeVerifier):
         return replace(v, logits=logits)
 
 
-class ZeroPredecessors(GreedyTreeVerifier):
+class ZeroPredecessors(TransformersVerifier):
     name = "zero-predecessors"
 
-    def verify(self, tree):
-        v = super().verify(tree)
+    def verify(self, tree, rule=None):
+        v = super().verify(tree, rule)
         return replace(v, predecessors=v.predecessors * 0 + (v.tokens[0] + 1) % 16)
 
 
-class DropsDeferredRows(GreedyTreeVerifier):
+class DropsDeferredRows(TransformersVerifier):
     """Its deferred prefill rows hold the last position only."""
 
     name = "drops-deferred-rows"
 
-    def prefill(self, prompt_ids, keep=None):
-        v = super().prefill(prompt_ids, keep)
+    def prefill(self, prompt_ids, keep=None, rule=None):
+        v = super().prefill(prompt_ids, keep, rule)
         if v.rest is None:
             return v
         rest = v.rest
@@ -99,19 +99,19 @@ class DropsDeferredRows(GreedyTreeVerifier):
         return replace(v, rest=last_only)
 
 
-class AcceptsOneLess(GreedyTreeVerifier):
+class AcceptsOneLess(TransformersVerifier):
     """Reports one accepted token less than its walk found (the cache keeps it): the output diverges."""
 
     name = "accepts-one-less"
 
-    def verify(self, tree):
-        v = super().verify(tree)
+    def verify(self, tree, rule=None):
+        v = super().verify(tree, rule)
         if len(v.path) < 2:
             return v
         return replace(v, path=v.path[:-1], accepted=v.accepted[:-1], bonus=v.accepted[-1])
 
 
-class EndRaises(GreedyTreeVerifier):
+class EndRaises(TransformersVerifier):
     name = "end-raises"
 
     def end(self):
@@ -119,18 +119,25 @@ class EndRaises(GreedyTreeVerifier):
         raise RuntimeError("the cache could not be released")
 
 
-class IgnoresTheRule(GreedyTreeVerifier):
-    """Says it samples (supports_rules) but never takes the loop's rule: it walks greedily."""
+class IgnoresTheRule(TransformersVerifier):
+    """Says it samples (supports_rules) but drops the loop's rule: it walks greedily."""
 
     name = "ignores-the-rule"
 
-    @property
-    def rule(self):
-        return None
+    def prefill(self, prompt_ids, keep=None, rule=None):
+        return super().prefill(prompt_ids, keep)
 
-    @rule.setter
-    def rule(self, value):
-        pass
+    def verify(self, tree, rule=None):
+        return super().verify(tree)
+
+
+class TimesNothing(TransformersVerifier):
+    """Its speed protocol reports no time for a pass in its default form."""
+
+    name = "times-nothing"
+
+    def time_pass(self, tree, form=None):
+        return 0.0 if form is None else super().time_pass(tree, form)
 
 
 @pytest.mark.parametrize("verifier,test,error,match", [
@@ -141,6 +148,7 @@ class IgnoresTheRule(GreedyTreeVerifier):
     (AcceptsOneLess, "test_passes_are_exact", AssertionError, "the walk's path"),
     (EndRaises, "test_end_once_per_generation", goose.VerifierError, r"'end-raises' raised in end\(\)"),
     (IgnoresTheRule, "test_sampling_is_seed_identical", AssertionError, "sampling diverged"),
+    (TimesNothing, "test_speed_protocol", AssertionError, r"time_pass\(<1 nodes>, None\) returned 0.0"),
 ])
 def test_the_verifier_kit_fails_a_faulty_verifier(verifier, test, error, match):
     class Kit(VerifierLosslessnessKit):

@@ -14,7 +14,7 @@ import goose
 from goose.sampling import Sampling, build_processors
 from goose.testing import ArbitraryTreeSource, ToyCausalLM, ToySplitLM, reference_greedy, reference_sample
 from goose.testing.kit import ArbitraryTreeOptions
-from goose.verifiers.greedy import GreedyTreeVerifier
+from goose.verifiers.transformers_tree import TransformersVerifier
 
 from test_verifier_kit import Wrapping
 
@@ -22,7 +22,7 @@ V = 16
 PROMPTS = ([3, 8, 13, 2, 7, 12, 3, 8, 13, 2], [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [0, 5, 0, 5, 9, 9, 9])
 
 
-class Misreports(GreedyTreeVerifier):
+class Misreports(TransformersVerifier):
     """The built-in verifier, its tree passes' reports changed by ``fault(tree, v)`` (None: reported as walked)."""
 
     name = "misreports"
@@ -195,7 +195,7 @@ def test_nothing_observes_or_commits_a_misreported_pass():
 
 
 # -- the prefill's first token ----------------------------------------------------------------------------
-class MisreportsFirst(GreedyTreeVerifier):
+class MisreportsFirst(TransformersVerifier):
     name = "misreports-first"
 
     def __init__(self, bonus):

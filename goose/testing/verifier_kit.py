@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from goose.interfaces import DraftSource, Options, Verified
+from goose.interfaces import DraftSource, Options, Verified, Verifier
 from goose.sampling import Sampling, build_processors
 from goose.testing.kit import ArbitraryTreeSource
 from goose.testing.toy import reference_greedy, reference_logits, reference_next
@@ -68,7 +68,10 @@ class VerifierLosslessnessKit:
       in the cache);
     - ``test_sampling_is_seed_identical``: with ``supports_rules``, sampling (temperature, top-k) with a
       seeded generator draws what one-token sampling of the toy draws; without it, a sampling request is
-      refused with an ``InvalidInputError`` naming the verifier.
+      refused with an ``InvalidInputError`` naming the verifier;
+    - ``test_speed_protocol``: the verifier's speed protocol (``timing_key``, ``pass_forms``, ``form_serves``,
+      ``time_pass``, ``forms_kept``) calibrates it (``goose.latency.measure``: positive times at every size,
+      each form only where it serves, a JSON key), and its output after the calibration is still greedy's.
 
     Attributes a subclass may set: ``vocab_size`` (16), ``max_examples`` (20: Hypothesis examples per
     property, a third for the slower ones), ``max_budget`` (24: the largest tree drawn), and
@@ -101,14 +104,13 @@ class VerifierLosslessnessKit:
         sources: list = [trees, PrefillRowsSource(PrefillRowsOptions(rows=rows))]
         if fail_at is not None:
             sources.insert(0, _FailingSource(fail_at))
-        dec = goose.compose(self.make_model(eos), None, sources=sources, policy="proposal",
-                            verifier=self.make_verifier(), budget=budget)
-        _verifier_spy(dec, self.vocab_size)
-        return dec
+        spy = _Spy(_built(self.make_verifier()), self.vocab_size)
+        dec = goose.compose(self.make_model(eos), None, sources=sources, policy="proposal", verifier=spy, budget=budget)
+        return _Kit(dec, spy.seen, {s.name: s for s in sources})
 
-    def _run(self, dec, prompt: Sequence[int], max_new: int, eos: int | None = None):
-        out = dec.generate(list(prompt), max_new_tokens=max_new, do_sample=False)
-        _raise_findings(dec)
+    def _run(self, kit, prompt: Sequence[int], max_new: int, eos: int | None = None):
+        out = kit.dec.generate(list(prompt), max_new_tokens=max_new, do_sample=False)
+        _raise_findings(kit.seen)
         ref = reference_greedy(prompt, max_new, self.vocab_size, [] if eos is None else [eos])
         assert out.token_ids == ref, f"diverged: got {out.token_ids}, greedy {ref}"
         return out
@@ -138,7 +140,7 @@ class VerifierLosslessnessKit:
         def prop(prompt, max_new, budget, seed, rows, p_oracle):
             dec = self._decoder(seed, budget, rows=rows, p_oracle=p_oracle)
             self._run(dec, prompt, max_new)
-            seen = dec._kit_verifier
+            seen = dec.seen
             assert seen["prefills"] == 1, f"prefill() was called {seen['prefills']} times for one generation"
             assert seen["verified"] > 0, "verify() was never called"
 
@@ -154,7 +156,7 @@ class VerifierLosslessnessKit:
         def prop(prompt, max_new, rows, seed):
             dec = self._decoder(seed, 8, rows=rows)
             self._run(dec, prompt, max_new)
-            recorder = _source(dec, PrefillRowsSource.name)
+            recorder = dec.sources[PrefillRowsSource.name]
             assert len(recorder.seen) == 1, f"the prefill was observed {len(recorder.seen)} times"
             v = recorder.seen[0]
             want = min(rows, len(prompt))
@@ -181,15 +183,15 @@ class VerifierLosslessnessKit:
                max_new=hs.integers(20, 30), seed=hs.integers(0, 2**16), fail_at=hs.integers(1, 6))
         def prop(prompts, max_new, seed, fail_at):  # a 12-node budget: the failing step comes before the end
             dec = self._decoder(seed, 12, fail_at=fail_at)
-            failing = _source(dec, _FailingSource.name)
+            failing = dec.sources[_FailingSource.name]
             failing.armed = True
             try:
-                dec.generate(list(prompts[0]), max_new_tokens=max_new, do_sample=False)
+                dec.dec.generate(list(prompts[0]), max_new_tokens=max_new, do_sample=False)
             except goose.DraftSourceError:
                 pass
             else:
                 raise AssertionError("the failing source's error did not reach generate()")
-            seen = dec._kit_verifier
+            seen = dec.seen
             assert seen["ends"] == 1, f"a generation that raised called end() {seen['ends']} times"
             failing.armed = False
             for i, prompt in enumerate(prompts, start=2):
@@ -208,9 +210,9 @@ class VerifierLosslessnessKit:
         from goose.testing.toy import reference_sample
 
         probe = self._decoder(0, 8)
-        if not probe.verifier.supports_rules:
-            with pytest.raises(goose.InvalidInputError, match=repr(probe.verifier.name)):
-                probe.generate([1, 2, 3], max_new_tokens=4, do_sample=True, seed=0)
+        if not probe.dec.verifier.supports_rules:
+            with pytest.raises(goose.InvalidInputError, match=repr(probe.dec.verifier.name)):
+                probe.dec.generate([1, 2, 3], max_new_tokens=4, do_sample=True, seed=0)
             return
 
         @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
@@ -220,12 +222,39 @@ class VerifierLosslessnessKit:
         def prop(prompt, max_new, seed, budget, temperature, top_k):
             dec = self._decoder(seed, budget)
             p = {"do_sample": True, "temperature": temperature, "top_k": top_k}
-            out = dec.generate(prompt, max_new_tokens=max_new, generator=torch.Generator().manual_seed(seed), **p)
+            out = dec.dec.generate(prompt, max_new_tokens=max_new, generator=torch.Generator().manual_seed(seed), **p)
             procs = build_processors(Sampling(**p), len(prompt), [])
             ref = reference_sample(prompt, max_new, self.vocab_size, procs, torch.Generator().manual_seed(seed))
             assert out.token_ids == ref, f"sampling diverged: got {out.token_ids}, one-token sampling {ref}"
 
         prop()
+
+
+    def test_speed_protocol(self):
+        import json
+
+        from goose import latency
+        from goose.tree import DraftTree
+
+        kit = self._decoder(0, 8)
+        ver = kit.dec.verifier
+        key = ver.timing_key()
+        assert isinstance(key, dict) and json.loads(json.dumps(key)) == key, f"timing_key() {key!r} is not a JSON dict"
+        forms = tuple(ver.pass_forms())
+        assert all(isinstance(f, str) and f for f in forms), f"pass_forms() {forms!r}: names, as str"
+        ver.prefill(torch.tensor([1, 2, 3, 4]), 1)
+        for n in (1, 2, 5):
+            chain = DraftTree.from_chain(1, [2] * (n - 1), "x")
+            for form in (None, *(f for f in forms if ver.form_serves(f, n))):
+                dt = ver.time_pass(chain, form)
+                assert isinstance(dt, float) and dt > 0, f"time_pass(<{n} nodes>, {form!r}) returned {dt!r}"
+        ver.end()
+        curve = latency.measure(kit.dec.model, ver, sizes=(1, 2, 4, 8), past_len=16, repeats=1, budget_s=5.0,
+                                measure_head=False)
+        assert curve.sizes[0] == 1 and all(t > 0 for t in curve.seconds), f"the calibration measured {curve}"
+        listed = {*curve.skinny, *curve.packed, *curve.stream}
+        assert listed <= set(range(1, 9)), f"the calibration listed forms at sizes {sorted(listed)}"
+        self._run(kit, [1, 2, 3, 1, 2], 12)  # the verifier still decodes greedily after its calibration
 
 
 class _FailingSource(DraftSource):
@@ -243,8 +272,17 @@ class _FailingSource(DraftSource):
         return None
 
 
-def _source(dec, name: str) -> DraftSource:
-    return next(s for s in dec._idle[0].sources if s.name == name)
+class _Kit:
+    """A kit's decoder (``dec``), its spy's record (``seen``) and the sources it composed, by name."""
+
+    def __init__(self, dec, seen: dict, sources: dict):
+        self.dec, self.seen, self.sources = dec, seen, sources
+
+
+def _built(spec) -> Verifier:
+    from goose.manager import build_component
+
+    return build_component("verifier", spec, Verifier, None)
 
 
 def _check_prefill_rows(prompt: list[int], v: Verified, vocab: int) -> None:
@@ -301,35 +339,44 @@ def _check_tree_pass(ctx: list[int], tree, v: Verified, vocab: int) -> None:
     assert v.bonus == want_argmax[path[-1]], f"bonus {v.bonus} is not the greedy token {want_argmax[path[-1]]}"
 
 
-def _raise_findings(dec) -> None:
-    seen = dec._kit_verifier
+def _raise_findings(seen: dict) -> None:
     if seen["findings"]:
         raise AssertionError(f"verifier {seen['verifier']!r}: " + seen["findings"][0])
 
 
-def _verifier_spy(dec, vocab: int) -> None:
-    """Check, on ``dec._kit_verifier``, every pass the decoder's verifier returns as it leaves it (see
-    :class:`VerifierLosslessnessKit`), following the committed text from the passes themselves, and count
-    ``prefill``, ``verify`` and ``end`` calls. A finding is kept (the first one raised after ``generate``)."""
-    worker = dec._idle[0]
-    ver = worker.verifier
-    seen = {"verifier": ver.name, "prefills": 0, "verified": 0, "ends": 0, "findings": [], "ctx": []}
-    dec._kit_verifier = seen
-    prefill, verify, end = ver.prefill, ver.verify, ver.end
+class _Spy(Verifier):
+    """The verifier under test, wrapped: every pass it returns is checked as it leaves it (see
+    :class:`VerifierLosslessnessKit`), following the committed text from the passes themselves, and its
+    ``prefill``, ``verify`` and ``end`` calls are counted in ``seen``. A finding is kept (the first one is
+    raised after ``generate``). Everything else, the speed protocol included, is the inner verifier's."""
 
-    def check(fn, *args):
+    def __init__(self, inner: Verifier, vocab: int):
+        super().__init__(inner.options)
+        self.inner, self.vocab = inner, vocab
+        self.name, self.supports_rules = inner.name, inner.supports_rules
+        self.seen = {"verifier": inner.name, "prefills": 0, "verified": 0, "ends": 0, "findings": [], "ctx": []}
+
+    def bind(self, model) -> None:
+        self.inner.bind(model)
+        self.vocab_size, self.max_positions = self.inner.vocab_size, self.inner.max_positions
+
+    def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
+        self.inner.check_request(prompt_len, max_new_tokens, max_depth)
+
+    def _check(self, fn, *args) -> None:
         try:
             fn(*args)
         except AssertionError as exc:
-            seen["findings"].append(str(exc))
+            self.seen["findings"].append(str(exc))
 
-    def spied_prefill(prompt_ids, keep=None):
+    def prefill(self, prompt_ids, keep=None, rule=None):
+        seen, vocab, check = self.seen, self.vocab, self._check
         seen["prefills"] += 1
-        v = prefill(prompt_ids, keep) if keep is not None else prefill(prompt_ids)
+        v = self.inner.prefill(prompt_ids, keep) if rule is None else self.inner.prefill(prompt_ids, keep, rule=rule)
         prompt = [int(t) for t in prompt_ids.tolist()]
         if isinstance(v, Verified):
             check(_check_prefill_rows, prompt, v, vocab)
-            if v.bonus != reference_next(prompt, vocab) and ver.rule is None:
+            if v.bonus != reference_next(prompt, vocab) and rule is None:
                 seen["findings"].append(f"the prefill's bonus {v.bonus} is not the greedy first token "
                                         f"{reference_next(prompt, vocab)}")
             if v.rest is not None and keep is not None and keep > 1:
@@ -354,16 +401,33 @@ def _verifier_spy(dec, vocab: int) -> None:
         seen["ctx"] = prompt + ([int(v.bonus)] if isinstance(v, Verified) and v.bonus is not None else [])
         return v
 
-    def spied_verify(tree):
-        v = verify(tree)
+    def verify(self, tree, rule=None):
+        seen = self.seen
+        v = self.inner.verify(tree) if rule is None else self.inner.verify(tree, rule=rule)
         seen["verified"] += 1
-        if isinstance(v, Verified) and ver.rule is None:
-            check(_check_tree_pass, list(seen["ctx"]), tree, v, vocab)
+        if isinstance(v, Verified) and rule is None:
+            self._check(_check_tree_pass, list(seen["ctx"]), tree, v, self.vocab)
             seen["ctx"] = seen["ctx"] + [int(t) for t in v.accepted] + ([int(v.bonus)] if v.bonus is not None else [])
         return v
 
-    def spied_end():
-        seen["ends"] += 1
-        return end()
+    def end(self) -> None:
+        self.seen["ends"] += 1
+        self.inner.end()
 
-    ver.prefill, ver.verify, ver.end = spied_prefill, spied_verify, spied_end
+    def stats(self) -> dict:
+        return self.inner.stats()
+
+    def timing_key(self) -> dict:
+        return self.inner.timing_key()
+
+    def pass_forms(self) -> tuple[str, ...]:
+        return self.inner.pass_forms()
+
+    def form_serves(self, form: str, rows: int) -> bool:
+        return self.inner.form_serves(form, rows)
+
+    def time_pass(self, tree, form=None) -> float:
+        return self.inner.time_pass(tree, form)
+
+    def forms_kept(self, forms: frozenset[str]) -> None:
+        self.inner.forms_kept(forms)

@@ -276,7 +276,7 @@ def memory_line(runs: list[Run], methods: list[str]) -> str | None:
     """What the packed weights of tree passes take (verifiers/skinny.py), per Goose method, from its last run."""
     last: dict[str, dict] = {}
     for r in runs:
-        lin = (r.stats or {}).get("extra", {}).get("linear")
+        lin = (r.stats or {}).get("extra", {}).get("verifier", {}).get("linear")
         if lin is not None:
             last[r.method] = lin
     if not last:

@@ -42,7 +42,8 @@ def options_markdown() -> str:
         for name in reg.names(kind):
             e = reg.entries[kind][name]
             if e.alias_of:
-                out += [f"### `{name}`", "", f"Alias of `{e.alias_of}`.", ""]
+                said = "Deprecated name of" if e.deprecated else "Alias of"
+                out += [f"### `{name}`", "", f"{said} `{e.alias_of}`.", ""]
                 continue
             out += [f"### `{name}`", "", e.description or "", ""]
             if e.defaults:
@@ -144,16 +145,17 @@ def _cmd_calibrate(args) -> int:
     model, _ = models.load(args.model, args.dtype)
     kw = {"sizes": latency.FULL_SIZES, "repeats": latency.FULL_ROUNDS, "budget_s": float("inf"), "stop_ratio": float("inf")} if args.full else {}
     t0 = time.perf_counter()
-    from goose.verifiers.greedy import GreedyTreeVerifier, TreeVerifierOptions
+    from goose.interfaces import Verifier
+    from goose.manager import build_component
+    from goose.specs import component_spec
 
-    # the curve a default decoder's fit will look up: the same kernel setup (a model whose packed weights
-    # would pass the memory limit gets a curve of its own, measured without them)
-    v = GreedyTreeVerifier(TreeVerifierOptions())
+    # the verifier a decoder composes with --verifier (default: the built-in), measured through its speed protocol:
+    # the curve a fitted policy of that decoder looks up
+    v = build_component("verifier", component_spec(args.verifier, "--verifier"), Verifier, None)
     v.bind(model)
-    setup = v.setup()
-    curve = latency.curve_for(model, use_cache=not args.full, force=args.force, setup=setup, **kw)
+    curve = latency.curve_for(model, v, use_cache=not args.full, force=args.force, **kw)
     print(f"CPU: {machine.describe()}; {args.threads} threads; {latency.describe(model)}")
-    print(f"curve ready in {time.perf_counter() - t0:.1f} s ({'cached: ' + str(latency.curve_path(model, setup)) if not args.full else 'not cached (--full)'})")
+    print(f"curve ready in {time.perf_counter() - t0:.1f} s ({'cached: ' + str(latency.curve_path(model, v)) if not args.full else 'not cached (--full)'})")
     t1 = curve(1)
     print("| n | ms | x t(1) | linear layers |\n|---|---|---|---|")
     for n in curve.sizes:
@@ -214,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--full", action="store_true", help="every size 1-64, then 80, 96, 128, 5 rounds, no time limit (for plots)")
     sc.add_argument("--force", action="store_true", help="measure again even if a cached curve exists")
     sc.add_argument("--json", default=None, help="also write the curve to this file")
+    sc.add_argument("--verifier", default="transformers",
+                    help="the verifier whose passes are timed, as in a method spec (name or name{option=value,...})")
     sc.set_defaults(func=_cmd_calibrate)
 
     st = sub.add_parser("theory", help="acceptance model and proposition checks (see docs/theory.md)")

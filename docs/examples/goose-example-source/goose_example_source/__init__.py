@@ -11,8 +11,10 @@ can play), a tree policy and a verifier.
 
 - ``longest-chain`` (a tree policy): verifies the longest chain any source proposed this step (a tree
   proposal's first path), cut to the budget, credited to every source that proposed it.
-- ``tree-sizes`` (a verifier): the built-in tree verifier, wrapped; it counts the trees it verified by size
-  (``stats.extra["verifier"]["tree_sizes"]``) and passes the loop's sampling rule on, so it samples too.
+- ``tree-sizes`` (a verifier): the built-in verifier, wrapped (not subclassed); it counts the trees it verified
+  by size (``stats.extra["verifier"]["tree_sizes"]``) and passes the loop's sampling rule on, so it samples too.
+  It leaves the speed protocol to its defaults, so a fitted policy (``spine-fit``) calibrates it by timing
+  its own ``verify``, under a latency curve of its own.
 
 Install (``pip install ./docs/examples/goose-example-source``) and use them by name:
 
@@ -31,7 +33,6 @@ from collections import Counter
 from pydantic import Field
 
 import goose
-from goose.verifiers.greedy import GreedyTreeVerifier
 
 
 class LastSuccessorOptions(goose.Options):
@@ -133,16 +134,8 @@ class CountingVerifier(goose.Verifier):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.inner = GreedyTreeVerifier()
+        self.inner = goose.TransformersVerifier()
         self.sizes: Counter = Counter()
-
-    @property
-    def rule(self):
-        return self.inner.rule
-
-    @rule.setter
-    def rule(self, value) -> None:  # the loop sets the request's sampling rule here: the inner verifier walks with it
-        self.inner.rule = value
 
     def bind(self, model) -> None:
         super().bind(model)  # vocab_size, max_positions
@@ -151,13 +144,13 @@ class CountingVerifier(goose.Verifier):
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
         self.inner.check_request(prompt_len, max_new_tokens, max_depth)
 
-    def prefill(self, prompt_ids, keep=None) -> goose.Verified:
+    def prefill(self, prompt_ids, keep=None, rule=None) -> goose.Verified:
         self.sizes = Counter()
-        return self.inner.prefill(prompt_ids, keep)
+        return self.inner.prefill(prompt_ids, keep, rule)  # the request's sampling rule, passed on
 
-    def verify(self, tree: goose.DraftTree) -> goose.Verified:
+    def verify(self, tree: goose.DraftTree, rule=None) -> goose.Verified:
         self.sizes[tree.num_nodes] += 1
-        return self.inner.verify(tree)
+        return self.inner.verify(tree, rule)
 
     def end(self) -> None:
         self.inner.end()

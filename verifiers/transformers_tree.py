@@ -1,4 +1,4 @@
-"""Greedy tree verification on a stock Hugging Face causal LM.
+"""The built-in verifier, ``transformers``: a draft tree verified in one forward of a stock Hugging Face causal LM.
 
 One forward per tree: the flattened nodes go in as one sequence, with position ids
 ``past_len + depth`` and a 4-D additive mask that lets each node see the cached prefix, its
@@ -57,7 +57,7 @@ class TreeVerifierOptions(Options):
         description="most MiB the packed weights of linear='packed'/'auto' may take (measured as they are "
         "made: 1,265 MiB for SmolLM2's 513 MiB of linear weights); None: a quarter of the memory available "
         "when they would be made; 0: never pack (tree passes then use the fastest other form). "
-        "stats.extra['linear'] reports what they take",
+        "stats.extra['verifier']['linear'] reports what they take",
     )
     gqa: bool = Field(
         True,
@@ -81,18 +81,18 @@ class TreeVerifierOptions(Options):
     )
 
 
-class GreedyTreeVerifier(Verifier):
+class TransformersVerifier(Verifier):
     """Verify a draft tree in one forward of the unmodified model; greedy walk; gather+crop commit.
 
-    With a :class:`~goose.sampling.TokenRule` set for the request (``rule``; the loop
-    sets it when ``generate`` samples or applies logits processors) the walk chooses each token
-    with the rule instead of the raw argmax (:func:`~goose.sampling.rule_walk`).
+    With a :class:`~goose.sampling.TokenRule` (``rule``: the loop passes it when ``generate`` samples or
+    applies logits processors) the walk chooses each token with the rule instead of the raw argmax
+    (:func:`~goose.sampling.rule_walk`). Its speed protocol offers the linear layers' forms (``skinny``,
+    ``packed``, ``stream``) to the calibration and runs each tree size in the form it found fastest.
     """
 
-    name = "greedy"
+    name = "transformers"
     Options = TreeVerifierOptions
     supports_rules = True
-    rule = None
 
     def bind(self, model) -> None:
         cfg = getattr(model, "config", None)
@@ -210,7 +210,7 @@ class GreedyTreeVerifier(Verifier):
         forms: dict[int, str] = {}
         self._head_curve = None
         if self.options.linear == "auto":
-            curve = latency.cached_curve(self.model, self.setup())
+            curve = latency.cached_curve(self.model, self)
             if curve is not None and curve.head:
                 self._head_curve = curve  # how many rows the deferred prefill rows are run as
             if curve is not None and self._linears:
@@ -230,44 +230,44 @@ class GreedyTreeVerifier(Verifier):
                 forms = {k: f for k, f in forms.items() if f != "packed"}  # stock at those sizes
         self._forms = forms
 
-    def setup(self) -> dict:
-        """The kernel options the latency curve of this verifier depends on (goose.latency)."""
-        # "packed": False only where packs could serve but the limit forbids them (another curve)
-        limited = not self.packs_allowed and skinny.packed_supported(self._linears)
-        out = {"linear": self.options.linear, "gqa": self.options.gqa, "packed": not limited}
-        if self._linears and not stream.available(self._linears):  # no streaming kernel: another curve
-            out["stream"] = False
-        return out
+    # -- speed protocol (goose.latency): the linear layers' forms, each timed by the calibration ----------------
+    def timing_key(self) -> dict:
+        """A curve per kernel setting: stock linears only, grouped heads copied (``gqa=False``), packs beyond the
+        memory limit, no stream kernel on this machine; a forced form is calibrated as ``"auto"``."""
+        key = {k: v for k, v in super().timing_key().items() if k != "options"}
+        if self.options.linear == "stock":
+            key["linear"] = "stock"
+        else:
+            if not self.packs_allowed and skinny.packed_supported(self._linears):
+                key["packed"] = False
+            if self._linears and not stream.available(self._linears):
+                key["stream"] = False
+        if not self.options.gqa:
+            key["gqa"] = False
+        return key
 
-    # -- what goose.latency times: the verifier's own passes, in each form its linear layers can run in --------
-    #: the most rows a form other than stock serves (larger passes run F.linear)
-    max_form_rows = skinny.MAX_ROWS
-
-    def linear_forms(self, packed: bool = True) -> list[str]:
-        """The forms besides stock this model's linear layers can run in here, for the calibration to compare:
-        ``skinny``, ``packed`` (where MKL's packed GEMM serves and ``packed`` is allowed), ``stream`` (where the
-        numba kernel serves)."""
+    def pass_forms(self) -> tuple[str, ...]:
+        """``skinny``; ``packed`` where MKL's packed GEMM serves within ``pack_limit_mib``; ``stream`` where
+        the numba kernel serves (none with ``linear="stock"``)."""
         forms = []
         if self._linears:
             forms.append("skinny")
-            if packed and skinny.packed_available(self._linears):
+            if self.packs_allowed:
                 forms.append("packed")
             if stream.available(self._linears):
                 forms.append("stream")
-        return forms
+        return tuple(forms)
 
-    @staticmethod
-    def form_serves(form: str | None, rows: int) -> bool:
-        """Whether ``form`` computes a pass of ``rows`` rows (else its linear layers run ``F.linear``)."""
+    def form_serves(self, form: str, rows: int) -> bool:
         return skinny.serves(form, rows)
 
-    def release_packs(self) -> None:
-        """Drop the packed weights (memory the verifier will not read where no size runs ``packed``)."""
-        skinny.release_packs(self._linears)
+    def forms_kept(self, forms: frozenset[str]) -> None:
+        if "packed" not in forms:  # memory no pass will read
+            skinny.release_packs(self._linears)
 
-    def timed_chain(self, tree: DraftTree, form: str | None = None) -> float:
-        """Seconds of one forward of ``tree`` (a chain) over the current cache, in ``form``; the cache is cropped
-        back after it, so the next pass is timed over the same cache."""
+    def time_pass(self, tree: DraftTree, form: str | None = None) -> float:
+        """One forward of ``tree`` (a chain) in ``form``, its rows then cropped: the next pass is timed over
+        the same cache."""
         n = tree.num_nodes
         mask = tree.attention_mask(self.past_len, dtype=self.dtype, device=self.device) if n > 1 else None
         pos = tree.position_ids(self.past_len, device=self.device)
@@ -279,7 +279,7 @@ class GreedyTreeVerifier(Verifier):
         self.cache.crop(-n)
         return dt
 
-    def linear_info(self) -> dict:
+    def _linear_info(self) -> dict:
         """Which form each pass size's linear layers run in, and the memory the forms take beside the
         weights: the packed weights' (measured as they were made) and the stream form's (none: it reads
         the weights in their own layout; its per-pass input and output buffers are the size of an
@@ -302,7 +302,7 @@ class GreedyTreeVerifier(Verifier):
         }
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None) -> Verified:
+    def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None, rule=None) -> Verified:
         """The prompt in one forward; logits for the last ``keep`` positions only (None: all).
 
         With ``defer_prefill_rows`` (and a model whose head can be applied apart, see
@@ -311,6 +311,7 @@ class GreedyTreeVerifier(Verifier):
         ``rest`` calls (``deferred_prefill`` holds what it needs meanwhile)."""
         self.timers = {"mask": 0.0, "forward": 0.0, "walk": 0.0, "commit": 0.0, "prefill_forward": 0.0}
         self.deferred_prefill = None
+        self._rule = rule  # for the deferred rows' record
         if self._forms is None:
             self._resolve_forms()
         self.cache = self._new_cache()
@@ -342,7 +343,6 @@ class GreedyTreeVerifier(Verifier):
             self.cache.crop(0)  # sliding layers: back to the last window - 1 positions
         self.before_root = int(ids[0, -1])
         argmax = top1(logits)
-        rule = self.rule
         rest = self.prefill_rows if self.deferred_prefill is not None else None
         if rule is None:
             return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=argmax[-1], rest=rest)
@@ -397,10 +397,10 @@ class GreedyTreeVerifier(Verifier):
             return None
         self.timers["prefill_logit_rows"] = int(logits.shape[0])
         self.timers["prefill_head_rows"] = rows
-        return Verified("prefill", tokens, prev, logits, top1(logits), bonus=None, walk="greedy" if self.rule is None else self.rule.kind)
+        return Verified("prefill", tokens, prev, logits, top1(logits), bonus=None, walk="greedy" if self._rule is None else self._rule.kind)
 
     @torch.inference_mode()
-    def verify(self, tree: DraftTree) -> Verified:
+    def verify(self, tree: DraftTree, rule=None) -> Verified:
         tm = self.timers
         t0 = time.perf_counter()
         past = self.past_len
@@ -417,12 +417,11 @@ class GreedyTreeVerifier(Verifier):
         if form:
             tm[f"{form}_passes"] = tm.get(f"{form}_passes", 0) + 1
         argmax = top1(logits)
-        rule = self.rule
         if rule is None:
             path = walk(tree, argmax)
             accepted, bonus = tuple(tree.tokens[i] for i in path[1:]), argmax[path[-1]]
         else:
-            path, accepted, bonus = sampling.rule_walk(tree, logits, rule)  # looked up per call: tests patch it
+            path, accepted, bonus = sampling.rule_walk(tree, logits, rule)
         t3 = time.perf_counter()
         self.commit(past, path, tree.num_nodes)
         self.past_len = past + len(path)
@@ -493,7 +492,7 @@ class GreedyTreeVerifier(Verifier):
 
     def stats(self) -> dict:
         """Seconds spent per part of verification in the last generation."""
-        return dict(getattr(self, "timers", {}))
+        return {**getattr(self, "timers", {}), "linear": self._linear_info()}
 
 
 @contextlib.contextmanager
@@ -586,4 +585,4 @@ def _layers(cache):
 
 @hookimpl(trylast=True)
 def goose_register_verifiers(register) -> None:
-    register(GreedyTreeVerifier, aliases=("tree",))
+    register(TransformersVerifier, deprecated=("greedy", "tree"))
