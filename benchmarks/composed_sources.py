@@ -88,7 +88,7 @@ def main() -> int:
         (["pld", "suffix", "tr"], "spine-fit", None),
         (["suffix", "pld", "tr"], "spine-fit", None),
     ]
-    from goose import machine
+    from goose.verifiers import machine
 
     print(f"model {args.model} float32, {args.threads} threads, {args.max_new_tokens} new tokens; CPU: {machine.describe()}\n")
     print("| prompt | sources / policy | spine_source | tau (2nd request) | forwards | accepted/drafted by source | spine led by | identical |")

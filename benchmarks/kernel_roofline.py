@@ -67,7 +67,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from goose import machine
+    from goose.verifiers import machine
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)

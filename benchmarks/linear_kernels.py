@@ -60,7 +60,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from goose import machine
+    from goose.verifiers import machine
     from goose.verifiers import stream
 
     torch.set_num_threads(args.threads)

@@ -108,7 +108,7 @@ def main() -> None:
         m, dt, th, n, meth = a.child
         print(json.dumps(child(m, dt, int(th), int(n), meth, a.new)))
         return
-    from goose import machine
+    from goose.verifiers import machine
 
     rows = []
     for n in [int(x) for x in a.lengths.split(",")]:

@@ -30,7 +30,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     import goose
-    from goose import machine
+    from goose.verifiers import machine
     from goose.tools import datasets, models
 
     torch.set_num_threads(a.threads)

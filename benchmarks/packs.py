@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
-    from goose import machine
+    from goose.verifiers import machine
     from goose.tools import models
     from goose.verifiers import skinny
 

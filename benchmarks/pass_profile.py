@@ -111,8 +111,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from goose import machine
-    from goose.latency import _Timer
+    from goose.verifiers import machine
+    from goose.verifiers.latency import _Timer
     from goose.tools import models
     from goose.verifiers import stream
 

@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     import goose
-    from goose import machine
+    from goose.verifiers import machine
     from goose.tools import bench, models
 
     torch.set_num_threads(a.threads)

@@ -36,7 +36,7 @@ def main() -> None:
     import torch
 
     import goose
-    from goose import machine
+    from goose.verifiers import machine
     from goose.tools import datasets, models
 
     torch.set_num_threads(a.threads)

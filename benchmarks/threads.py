@@ -35,7 +35,7 @@ def main() -> None:
     import torch
 
     import goose
-    from goose import machine
+    from goose.verifiers import machine
     from goose.manager import get_registry
     from goose.tools import datasets, models
 

@@ -104,7 +104,7 @@ def main() -> int:
 
     import vllm
 
-    from goose import machine
+    from goose.verifiers import machine
     from goose.tools import models
     from goose.tools.bench import select_prompts
     from vllm_serving import closed_loop, forget_history

@@ -88,7 +88,7 @@ def main() -> int:
     args = _arguments()
     import vllm
 
-    from goose import machine
+    from goose.verifiers import machine
     from goose.tools import models
     from goose.tools.bench import select_prompts
 

@@ -35,7 +35,6 @@ from goose.interfaces import (
 )
 from goose.manager import PluginWarning, broken_plugins, get_registry, register_plugin, unregister_plugin
 from goose.tree import DraftTree
-from goose.verifiers.transformers_tree import TransformersVerifier
 
 __version__ = "0.1.0"
 
@@ -51,7 +50,6 @@ __all__ = [
     "DraftSource",
     "TreePolicy",
     "Verifier",
-    "TransformersVerifier",
     "DraftContext",
     "DraftState",
     "Proposal",

@@ -26,7 +26,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from goose.rates import shrunk
+
+
+
+def shrunk(hits, trials, prior, weight):
+    """``hits`` in ``trials`` shrunk toward ``prior`` by ``weight`` pseudo-observations (numbers or numpy
+    arrays, elementwise): the one estimator every learned rate uses."""
+    return (hits + prior * weight) / (trials + weight)
 
 
 class Successors(NamedTuple):

@@ -668,10 +668,10 @@ class Verifier(ABC):
 
     **Speed protocol.** A fitted policy (``spine-fit``) and ``goose calibrate`` price a tree by the latency
     curve of the composed verifier, measured through :meth:`timing_key`, :meth:`pass_forms`,
-    :meth:`form_serves`, :meth:`time_pass` and :meth:`forms_kept` (goose.latency). The defaults time this
+    :meth:`form_serves`, :meth:`time_pass` and :meth:`forms_kept` (goose.verifiers.latency). The defaults time this
     verifier's own ``verify``; a verifier whose passes can run in several forms (kernels) lists them so that
     the calibration picks the fastest per tree size, and reads the result back with
-    ``goose.latency.cached_curve(model, self)``.
+    ``goose.verifiers.latency.cached_curve(model, self)``.
     """
 
     name: ClassVar[str] = ""

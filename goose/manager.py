@@ -123,6 +123,12 @@ def _known_hooks() -> str:
     return ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("goose_")))
 
 
+def plugin_origins() -> dict[str, str]:
+    """Each loaded plugin's origin: "builtin", the entry point and its distribution, or "registered at run time"."""
+    get_registry()
+    return dict(_origins)
+
+
 def broken_plugins() -> dict[str, str]:
     """Installed plugins that were left out, and why (empty when every plugin loaded)."""
     get_registry()

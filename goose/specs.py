@@ -40,7 +40,7 @@ PRESETS: dict[str, dict] = {
 BASELINES = ("ar", "hf-pld")
 
 
-def _split_top(text: str, sep: str) -> list[str]:
+def split_top(text: str, sep: str) -> list[str]:
     """Split at ``sep`` outside braces and brackets (a JSON option value keeps its commas)."""
     out, depth, cur = [], 0, []
     for c in text:
@@ -91,7 +91,7 @@ def component_spec(spec: str, method: str):
             "Hint: pld{max_chain=16}"
         )
     opts = {}
-    for item in [x for x in _split_top(rest[:-1], ",") if x.strip()]:
+    for item in [x for x in split_top(rest[:-1], ",") if x.strip()]:
         key, eq, val = item.partition("=")
         if not eq or not key.strip():
             raise InvalidInputError(f"method {method!r}: option {item!r} of {name!r} is not key=value. Hint: {name}{{key=value}}")
@@ -123,13 +123,13 @@ def preset(name: str) -> dict:
                 f"method {name!r}: its braces and brackets do not close in order (each component's options in "
                 "{...}, a JSON value inside them). Hint: pld+tr/spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}}"
             )
-        parts = _split_top(name, "/")
+        parts = split_top(name, "/")
         if len(parts) > 3:
             raise InvalidInputError(
                 f"method {name!r} has {len(parts)} parts; a method is SRC+SRC/POLICY or SRC+SRC/POLICY/VERIFIER. "
                 "Hint: pld+tr/spine-fit/greedy"
             )
-        out = {"sources": [component_spec(s, name) for s in _split_top(parts[0], "+") if s.strip()]}
+        out = {"sources": [component_spec(s, name) for s in split_top(parts[0], "+") if s.strip()]}
         for role, spec in zip(("policy", "verifier"), parts[1:]):
             comp = component_spec(spec, name)
             if isinstance(comp, tuple):
@@ -160,4 +160,4 @@ def check_method(name: str) -> None:
 
 def split_methods(text: str) -> list[str]:
     """``--methods``: comma-separated, commas inside a component's braces kept (``spine-fit{a=1,b=2}``)."""
-    return [m.strip() for m in _split_top(text, ",") if m.strip()]
+    return [m.strip() for m in split_top(text, ",") if m.strip()]

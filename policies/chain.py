@@ -6,9 +6,9 @@ from pydantic import Field
 
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, Options, TreePolicy
-from goose.chains import gather, rank
+from goose.policies.chains import gather, rank
 from goose.policies.merge import load_tiers
-from goose.rates import SourceRates
+from goose.policies.rates import SourceRates
 from goose.tree import DraftTree
 
 
@@ -24,7 +24,7 @@ class ChainPolicy(TreePolicy):
 
     With several sources and no ``source`` option, every source's chain is gathered each step and
     the one with the most expected accepted tokens under its source's measured acceptance is
-    verified (goose/chains.py: the order of ``sources=[...]`` never decides); every chain is
+    verified (policies/chains.py: the order of ``sources=[...]`` never decides); every chain is
     measured against the target's tokens, verified or not, so a source that starts drafting
     better chains takes over.
     """

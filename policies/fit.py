@@ -17,7 +17,7 @@ expected tokens per second:
     (1 + sum of the kept nodes' acceptance probabilities) / t(kept nodes + 1)
 
 where ``t(n)`` is the measured forward latency for n tokens on this model, dtype, device and
-thread count (``goose.latency``). A child is never likelier than its parent and a source's
+thread count (``goose.verifiers.latency``). A child is never likelier than its parent and a source's
 lower-ranked candidate never likelier than a better-ranked sibling, so the m likeliest nodes form
 a subtree that keeps rank prefixes; pruning a node only raises its later siblings' probability in
 the cascade, so the sum over the full tree's probabilities is a lower bound of the kept tree's
@@ -66,13 +66,13 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from goose import tiers as measured_tiers
+from goose.policies import tiers as measured_tiers
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
-from goose import latency
+from goose.verifiers import latency
 from goose.manager import build_inner
-from goose.rates import shrunk
+from goose.policies.rates import shrunk
 from goose.theory.calibrate import Counts, count_step, smoothed
 from goose.theory.model import AcceptanceModel
 from goose.tree import DraftTree

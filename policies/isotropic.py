@@ -4,7 +4,7 @@
 and routes as the spine policy but no spine. The tree grows breadth-first from the root; every
 node gets up to ``k`` children, its candidate tokens in order: where the node lies on the chains'
 trie (every chain source's chain merged, best-ranked by measured acceptance first,
-goose/chains.py), the chains' continuations, then the successor-table tokens (``tr``) scoring
+policies/chains.py), the chains' continuations, then the successor-table tokens (``tr``) scoring
 at least ``min_score``, deduplicated; until the budget (nodes, root
 included; ``B + int(confidence * 40)`` as for the spine) is used or depth ``max_depth`` (6).
 The best-ranked chain's tokens have origin ``"spine"``, the other chains' ``"chain"``, successor tokens ``"root-branch"`` under the root and
@@ -32,7 +32,7 @@ from pydantic import Field, field_validator
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, TreePolicy
-from goose.chains import CHAIN, SPINE, Drafted, chain_trie, gather, rank
+from goose.policies.chains import CHAIN, SPINE, Drafted, chain_trie, gather, rank
 from goose.policies.merge import TRUST_MIN, MergingPolicy, spine_and_successors
 from goose.policies.spine import BRANCH, ROOT_BRANCH
 from goose.tree import ROOT, DraftTree
@@ -43,7 +43,7 @@ class IsotropicOptions(Options):
     max_depth: int = Field(6, ge=1, description="deepest node depth")
     spine_source: str | None = Field(
         None, description="source whose chain continues first at chain nodes when it proposes; None: the chains "
-        "ranked by each source's measured acceptance (every source's chain is in the tree, goose/chains.py)"
+        "ranked by each source's measured acceptance (every source's chain is in the tree, policies/chains.py)"
     )
     confidence: bool = Field(
         True, description="budget + int(confidence * extension), as the spine policy (off: base budget)"

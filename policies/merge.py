@@ -1,8 +1,8 @@
 """The wiring every merging policy shares: which sources it asks for chains, the spine source its options
 force, the measured tiers its rates start at, and the budget a confident chain extends.
 
-The chains themselves are ranked and merged in :mod:`goose.chains`, with the acceptance each source has
-earned (:class:`goose.rates.SourceRates`); this module holds what is policy: :class:`MergingPolicy` and
+The chains themselves are ranked and merged in :mod:`goose.policies.chains`, with the acceptance each source has
+earned (:class:`goose.policies.rates.SourceRates`); this module holds what is policy: :class:`MergingPolicy` and
 its helpers.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from goose import tiers
-from goose.chains import Drafted
+from goose.policies import tiers
+from goose.policies.chains import Drafted
 from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, Options, TreePolicy
-from goose.rates import SourceRates
+from goose.policies.rates import SourceRates
 
 
 TRUST_MIN = 0.2  # the depth-1 rate below which a (source, tier)'s confidence buys nothing (policies' trust_min)
@@ -22,7 +22,7 @@ TRUST_MIN = 0.2  # the depth-1 rate below which a (source, tier)'s confidence bu
 
 def load_tiers(rates: SourceRates, sources: Sequence[DraftSource], model) -> None:
     """Give ``rates`` every chain source's confidence tiers measured with ``model`` (``goose tiers``;
-    :func:`goose.tiers.for_sources`), where it has any."""
+    :func:`goose.policies.tiers.for_sources`), where it has any."""
     for name, found in tiers.for_sources(sources, model).items():
         rates.set_tiers(name, found)
 

@@ -28,7 +28,7 @@ Registered policies:
 Node origins: ``"spine"`` (chain tokens), ``"root-branch"`` (successor tokens under the root),
 ``"branch"`` (successor tokens under spine nodes and deeper).
 
-Sources: every source's chain merges into the tree (goose/chains.py): the spine is the chain
+Sources: every source's chain merges into the tree (policies/chains.py): the spine is the chain
 with the most expected accepted tokens under each source's measured acceptance (or
 ``spine_source``'s whenever it proposes), other chains hang as side chains (origin ``"chain"``)
 where they leave it; branches from every successor-providing source (first that knows a token
@@ -52,9 +52,9 @@ from goose.errors import InvalidInputError
 from goose.branches import Successors
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
-from goose.chains import CHAIN, SPINE, Drafted, Merged, Trie, gather, gather_alternatives, merge, rank
+from goose.policies.chains import CHAIN, SPINE, Drafted, Merged, Trie, gather, gather_alternatives, merge, rank
 from goose.policies.merge import TRUST_MIN, MergingPolicy, chain_sources, load_tiers, resolve_spine_source
-from goose.rates import SourceRates
+from goose.policies.rates import SourceRates
 from goose.tree import ROOT, DraftTree
 
 BRANCH = "branch"
@@ -96,7 +96,7 @@ def spine_ratio(ema: float, tiers: Sequence[float], cutoffs: Sequence[float]) ->
 class SpineOptions(Options):
     spine_source: str | None = Field(
         None, description="source whose chain always forms the spine when it proposes; None: the chain "
-        "with the most expected accepted tokens under each source's measured acceptance (goose/chains.py)"
+        "with the most expected accepted tokens under each source's measured acceptance (policies/chains.py)"
     )
     side_share: float = Field(
         0.5, ge=0.0, le=1.0,

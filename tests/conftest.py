@@ -26,7 +26,7 @@ def _fresh_plugin_state():
 @pytest.fixture(autouse=True)
 def _latency_cache_in_tmp(tmp_path_factory, monkeypatch):
     """Latency curves measured by tests go to a temporary folder, not the user's cache."""
-    import goose.latency
+    import goose.verifiers.latency
 
     d = tmp_path_factory.getbasetemp() / "latency"
-    monkeypatch.setattr(goose.latency, "cache_dir", lambda: d)
+    monkeypatch.setattr(goose.verifiers.latency, "cache_dir", lambda: d)

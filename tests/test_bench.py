@@ -226,7 +226,7 @@ def test_calibrate_caches_the_curve_a_default_decoder_looks_up(tiny_model_dir, m
     """Where the packed weights would pass the memory limit, a decoder's verifier asks for a curve measured
     without them (its own cache key): `goose calibrate` must measure that one, or the first decoder
     measures again (Qwen2.5-Coder-1.5B in float32 on a 24 GiB machine)."""
-    from goose import latency
+    from goose.verifiers import latency
     from goose.verifiers import skinny
 
     monkeypatch.setattr(skinny, "packed_supported", lambda lin: True)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import goose
-from goose.latency import LatencyCurve, curve_for, measure
+from goose.verifiers.latency import LatencyCurve, curve_for, measure
 from goose.testing import ToyCausalLM, reference_greedy
 
 FLAT = {1: 1.0, 128: 1.0}  # a forward over 128 tokens costs one token's (GPU-like)
@@ -68,7 +68,7 @@ def test_measure_and_cache_on_a_model():
 def _clocked_toy(monkeypatch, seconds_per_token: float, fixed: float = 0.0, extra=lambda n: 0.0):
     """A toy whose forwards advance a fake clock (the one measure reads) by ``fixed`` a pass plus
     ``seconds_per_token`` a token (plus ``extra(tokens)``)."""
-    import goose.latency as lat
+    import goose.verifiers.latency as lat
 
     clock = {"t": 0.0}
 
@@ -151,7 +151,7 @@ def test_sizes_between_two_anchors_of_one_form_are_listed_in_that_form():
     their form (Qwen2.5-Coder's curve: 6, 32, 64 timed as weight @ x.T, sizes 7-31 ran with stock linears at
     1.5-2x the price the fit was told). Only past the walk's end: sizes the walk skips by design (25-27 between
     24 and 28) keep running stock. Where the two forms differ, or either is stock, stock; none past 64."""
-    from goose.latency import _between_anchors
+    from goose.verifiers.latency import _between_anchors
 
     timed = {1: None, 2: "packed", 3: "packed", 4: "packed", 5: None, 6: "skinny", 8: "skinny", 16: "skinny",
              24: "packed", 32: "packed", 48: None, 64: None, 128: "skinny"}
@@ -165,7 +165,7 @@ def test_sizes_between_two_anchors_of_one_form_are_listed_in_that_form():
 def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monkeypatch, capsys):
     """The cache key names the CPU, not its speed: a curve cached on a faster machine under the same
     CPU name (or measured under load) is checked once per process and measured anew where it is off."""
-    import goose.latency as lat
+    import goose.verifiers.latency as lat
 
     clock, rate = {"t": 0.0}, {"s": 0.002}
 
@@ -204,7 +204,7 @@ def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monk
 def test_one_stall_does_not_end_the_walk_over_sizes(monkeypatch):
     """A forward that stalls once (20x its time: another process on a 2-core machine) at size 6 is
     timed again before it may stop the walk at ``stop_ratio``: the curve still reaches size 24."""
-    import goose.latency as lat
+    import goose.verifiers.latency as lat
 
     clock, calls = {"t": 0.0}, {"n6": 0}
 
@@ -224,7 +224,7 @@ def test_one_stall_does_not_end_the_walk_over_sizes(monkeypatch):
 def test_one_stall_does_not_price_an_anchor_size(monkeypatch):
     """An anchor is timed once; a stall there (5x) would price every long chain. Over 1.5x its guess it is
     timed again and the lower time kept: t(32) is the model's own."""
-    import goose.latency as lat
+    import goose.verifiers.latency as lat
 
     clock, calls = {"t": 0.0}, {"n32": 0}
 
@@ -327,7 +327,7 @@ class _Sizes:
 
 def _modeled_ratio(latency, prompts, n=48, **opts):
     """Time under the latency curve of fit's steps over greedy's (n - 1 plain steps per prompt)."""
-    from goose.latency import LatencyCurve
+    from goose.verifiers.latency import LatencyCurve
 
     items = sorted(latency.items())
     curve = LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
@@ -407,7 +407,8 @@ def test_observed_latency_corrects_the_curve():
 
 def test_the_curve_is_keyed_by_the_cpu_and_its_kernel_limits(monkeypatch):
     """A cache shared between machines, or kernels limited to AVX2, must not reuse another curve."""
-    from goose import latency, machine
+    from goose.verifiers import latency
+    from goose.verifiers import machine
 
     model = ToyCausalLM(16)
     base = latency._key(model)
@@ -447,7 +448,7 @@ def test_head_rows_within_an_allowance():
 @pytest.mark.parametrize("per_row,rows", [(0.1, 3), (1e-6, 200)])
 def test_fit_keeps_the_prefill_logit_rows_within_one_plain_step(monkeypatch, per_row, rows):
     """A costly LM head row (an AVX2-only CPU in bfloat16): the prefill computes only what one step pays for."""
-    import goose.latency as lat
+    import goose.verifiers.latency as lat
 
     curve = LatencyCurve((1, 2, 4), (0.2, 0.4, 0.8), (), tuple((r, 0.01 + (r - 1) * per_row) for r in (1, 2, 4, 8, 32)))
     monkeypatch.setattr(lat, "curve_for", lambda model, **kw: curve)

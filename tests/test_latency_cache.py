@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-import goose.latency as lat
+import goose.verifiers.latency as lat
 from goose.manager import get_registry
 from goose.testing import ToyCausalLM
 

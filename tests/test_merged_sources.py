@@ -1,7 +1,7 @@
 """Every composed source drafts into one tree (issue 21, point 1), attributed per source (point 3).
 
 Chain sources' proposals merge into a trie under the root; the spine is the chain with the most
-expected accepted tokens under each source's *measured* acceptance (goose/chains.py, goose/rates.py), never the
+expected accepted tokens under each source's *measured* acceptance (policies/chains.py, policies/rates.py), never the
 order of ``sources=[...]``. The Hypothesis property draws several chain sources with overlapping
 and conflicting chains (shared prefixes, forks, wrong tokens, confidences) and checks the output
 against greedy decoding under every merging policy; the fault-injection test shows that the same
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import goose
 import goose.tree
-from goose.chains import Drafted, merge, rank
-from goose.rates import SourceRates
+from goose.policies.chains import Drafted, merge, rank
+from goose.policies.rates import SourceRates
 from goose.testing import RecallOptions, RecallSource, ToyCausalLM, reference_greedy
 from goose.tree import DraftTree
 

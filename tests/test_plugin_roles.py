@@ -362,7 +362,7 @@ def test_a_reliable_user_chain_source_earns_the_spine_from_a_source_with_better_
     (as `goose tiers` writes them) promise 95 %, and which is always wrong. Every chain laid out is booked
     against the target's tokens, so within one generation the reliable source's rate rises past its prior and
     the liar's falls, and the reliable source leads: its tokens are most of what is generated."""
-    from goose import tiers
+    from goose.policies import tiers
 
     monkeypatch.setenv("GOOSE_TIERS_DIR", str(tmp_path))
     tiers.save({"source": "liar", "version": "1", "model": tiers.model_key(ToyCausalLM()),

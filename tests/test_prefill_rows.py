@@ -154,8 +154,8 @@ def test_deferred_rows_run_at_the_cheapest_measured_row_count(monkeypatch, keep,
     """A head measured slow from 4 to 15 rows and fast at 16 (Gemma-3-270M's on an AMX Xeon): 10 wanted rows
     are computed as 16 and sliced; 3 and 20, estimated cheaper than any measured count above, as asked; past
     the last measured count, as asked. The rows equal the unpadded ones."""
-    import goose.latency as lat
-    from goose.latency import LatencyCurve
+    import goose.verifiers.latency as lat
+    from goose.verifiers.latency import LatencyCurve
 
     curve = LatencyCurve((1,), (0.1,), (), ((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
     monkeypatch.setattr(lat, "cached_curve", lambda model, setup=None: curve)

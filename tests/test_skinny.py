@@ -65,7 +65,7 @@ def test_other_threads_keep_stock_linear_layers_during_a_rerouted_pass():
 
 
 def test_auto_uses_the_calibrated_sizes(monkeypatch):
-    from goose import latency
+    from goose.verifiers import latency
 
     model = get("llama")
     curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), skinny=(4,))
@@ -78,7 +78,7 @@ def test_auto_uses_the_calibrated_sizes(monkeypatch):
 
 
 def test_calibration_times_both_forms():
-    from goose.latency import measure
+    from goose.verifiers.latency import measure
 
     # no early stop: under load one slow pass would otherwise end the curve (the test is about forms, not speed)
     c = measure(get("llama"), sizes=(1, 2, 3, 4), past_len=8, repeats=1, stop_ratio=1e9, budget_s=1e9)

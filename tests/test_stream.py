@@ -156,7 +156,7 @@ def _walk(times):
     """The calibration's walk over fake timings: ``times(n, form)`` seconds (form None: stock)."""
     import time
 
-    from goose.latency import _Walk
+    from goose.verifiers.latency import _Walk
     from goose.verifiers.transformers_tree import TransformersVerifier
 
     return _Walk(lambda n, f=None: times(n, f), ["skinny", "stream"], 64, lambda text: None, time.perf_counter(),
@@ -331,7 +331,7 @@ def test_fault_rows_out_of_order_is_caught(monkeypatch):
 
 
 def test_auto_runs_the_calibrated_sizes_one_row_included(monkeypatch):
-    from goose import latency
+    from goose.verifiers import latency
 
     model = _model("llama")
     curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), skinny=(2,), stream=(1, 4))

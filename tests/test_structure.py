@@ -134,13 +134,45 @@ def test_the_length_check_sees_a_long_function(lines, tmp_path, monkeypatch):
     assert _long_functions()[-1:] == [f"goose.fake.long.long: {lines} lines"]
 
 
+OUTSIDE_CORE = ("goose.plugins", "goose.policies", "goose.verifiers", "goose.tools", "goose.theory", "goose.testing",
+                "goose.vllm", "goose.__main__")
+
+
 def test_the_core_reaches_components_only_through_the_registry():
-    """goose/ (the loop, the interfaces, the rates, the chains, the vLLM proposer; not the tools and the test
-    kits) imports no module of the built-in sources, policies or verifiers, at the top or lazily: it builds
-    them by name through the registry (goose.manager) and calls them through the interfaces."""
+    """goose/'s core (the loop, the interfaces, the tree, the registry, errors, specs, the transformers bridge; not
+    the integrations, tools and test kits) imports no module of the built-in sources, policies or verifiers, at
+    the top or lazily: it builds them by name through the registry (goose.manager) and calls them through the
+    interfaces."""
     graph = _graph()
     parts = ("goose.plugins", "goose.policies", "goose.verifiers")
-    core = [m for m in graph if m.startswith("goose") and not m.startswith((*parts, "goose.tools", "goose.theory",
-                                                                           "goose.testing")) and m != "goose.__main__"]
+    core = [m for m in graph if m.startswith("goose") and not m.startswith(OUTSIDE_CORE)]
     reach = {m: sorted(t for t in graph[m] if t.startswith(parts)) for m in core}
     assert {m: t for m, t in reach.items() if t} == {}
+
+
+def _private_imports() -> list[str]:
+    """``module: name`` for every underscore name an integration or tool (goose.vllm, goose.tools) or a built-in
+    component imports from another goose module (private to that module)."""
+    mods = _modules()
+    out = []
+    for name, path in mods.items():
+        if not name.startswith(("goose.vllm", "goose.tools", "goose.plugins", "goose.policies", "goose.verifiers")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("goose") and node.level == 0:
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__") and node.module != name:
+                        out.append(f"{name}: {node.module}.{a.name}")
+    return out
+
+
+def test_integrations_tools_and_components_import_only_public_names():
+    assert _private_imports() == []
+
+
+def test_the_core_holds_no_algorithm_module():
+    """goose/ itself holds what a plugin author reads (module list below); algorithms live with the components
+    that own them (policies/, verifiers/, plugins/), integrations and tools in their own subpackages."""
+    core = sorted(p.stem for p in (ROOT / "goose").glob("*.py"))
+    assert core == ["__init__", "__main__", "branches", "compose", "decoding", "errors", "generation", "hf",
+                    "hookspecs", "interfaces", "manager", "sampling", "specs", "tree"]

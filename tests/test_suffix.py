@@ -14,7 +14,7 @@ from hypothesis import strategies as hs
 import goose
 from goose.interfaces import check_proposal
 from goose.plugins.suffix import SuffixOptions, SuffixSource, _Segment, confidence, ngram_hash, pattern_lengths
-from goose.chains import first_chain
+from goose.policies.chains import first_chain
 from goose.testing import SourceLosslessnessKit, ToyCausalLM, reference_greedy
 
 V = 16

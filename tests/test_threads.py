@@ -244,7 +244,7 @@ def test_fault_one_component_set_for_every_thread_is_caught(monkeypatch):
 
 # -- state shared on purpose, made safe ---------------------------------------------------------
 def test_threads_that_need_one_latency_curve_measure_it_once(monkeypatch, tmp_path):
-    import goose.latency as lat
+    import goose.verifiers.latency as lat
 
     monkeypatch.setattr(lat, "cache_dir", lambda: tmp_path)  # no curve cached by an earlier test
     calls = []
@@ -270,7 +270,7 @@ def test_the_curve_file_is_never_torn(tmp_path, monkeypatch):
     fails leaves the old file and no temporary file behind."""
     import json
 
-    import goose.latency as lat
+    import goose.verifiers.latency as lat
 
     path = tmp_path / "curve.json"
     texts = [json.dumps({"writer": w, "pad": "x" * 200_000}) for w in range(3)]

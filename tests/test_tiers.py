@@ -1,4 +1,4 @@
-"""goose.tiers and ``goose tiers``: a chain source's acceptance per confidence tier, measured and stored."""
+"""goose.policies.tiers and ``goose tiers``: a chain source's acceptance per confidence tier, measured and stored."""
 
 import json
 import types
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import goose
-from goose import tiers
+from goose.policies import tiers
 from goose.errors import InvalidInputError
 from goose.testing.toy import ToyCausalLM, reference_greedy
 from goose.tools.cli import main

@@ -28,7 +28,8 @@ from goose.errors import UnsupportedModelError
 from goose.hookspecs import hookimpl
 from goose.interfaces import Options, Verified, Verifier, text_config
 from goose.tree import DraftTree
-from goose import latency, sampling
+from goose import sampling
+from goose.verifiers import latency
 from goose.verifiers import attention, skinny, stream
 from goose.verifiers import cache as kv_cache
 
@@ -230,7 +231,7 @@ class TransformersVerifier(Verifier):
                 forms = {k: f for k, f in forms.items() if f != "packed"}  # stock at those sizes
         self._forms = forms
 
-    # -- speed protocol (goose.latency): the linear layers' forms, each timed by the calibration ----------------
+    # -- speed protocol (goose.verifiers.latency): the linear layers' forms, each timed by the calibration ----------------
     def timing_key(self) -> dict:
         """A curve per kernel setting: stock linears only, grouped heads copied (``gqa=False``), packs beyond the
         memory limit, no stream kernel on this machine; a forced form is calibrated as ``"auto"``."""

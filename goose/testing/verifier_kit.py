@@ -70,7 +70,7 @@ class VerifierLosslessnessKit:
       seeded generator draws what one-token sampling of the toy draws; without it, a sampling request is
       refused with an ``InvalidInputError`` naming the verifier;
     - ``test_speed_protocol``: the verifier's speed protocol (``timing_key``, ``pass_forms``, ``form_serves``,
-      ``time_pass``, ``forms_kept``) calibrates it (``goose.latency.measure``: positive times at every size,
+      ``time_pass``, ``forms_kept``) calibrates it (``goose.verifiers.latency.measure``: positive times at every size,
       each form only where it serves, a JSON key), and its output after the calibration is still greedy's.
 
     Attributes a subclass may set: ``vocab_size`` (16), ``max_examples`` (20: Hypothesis examples per
@@ -233,7 +233,7 @@ class VerifierLosslessnessKit:
     def test_speed_protocol(self):
         import json
 
-        from goose import latency
+        from goose.verifiers import latency
         from goose.tree import DraftTree
 
         kit = self._decoder(0, 8)

@@ -8,7 +8,7 @@
 - ``generate``: ``goose generate`` (one prompt, streamed);
 - ``plots``: the benchmark's figures (matplotlib, optional).
 
-The CPU line every results table states is the core's ``goose.machine`` (the latency curve is
+The CPU line every results table states is the core's ``goose.verifiers.machine`` (the latency curve is
 keyed by it).
 
 Nothing in the core imports from here: a decoder needs only ``goose.compose`` and a model.

@@ -554,7 +554,7 @@ def _warm_up(b: _Bench) -> None:
 def _interleave(b: _Bench, prompts: list) -> tuple[list[Run], list[dict]]:
     """Every prompt in turn, decoded by every method in turn (each by a freshly composed decoder unless
     --warm); with --out, the runs so far saved after each prompt. Returns the runs and the mismatches."""
-    from goose import machine
+    from goose.verifiers import machine
 
     runs: list[Run] = []
     mismatches: list[dict] = []
@@ -640,7 +640,7 @@ def _meta(args, samples: int, turns: int) -> dict:
     import transformers
 
     import goose
-    from goose import machine
+    from goose.verifiers import machine
 
     return {
         "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
@@ -671,7 +671,7 @@ def _print_results(args, n_prompts: int, samples: int, turns: int, reused: dict 
                    mismatches: list[dict], noisy: list[Run]) -> None:
     """The run's header (model, settings, CPU), the tables, the outputs that differ from ``ar``'s and
     a note on noisy timings, on stdout."""
-    from goose import machine
+    from goose.verifiers import machine
 
     print(
         f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {n_prompts} prompts, "

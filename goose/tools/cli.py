@@ -90,13 +90,13 @@ def _cmd_plugins(args) -> int:
             print(f"  {name:<16}{extra}{preset}  [{e.cls.__module__}.{e.cls.__name__}; plugin {e.provider}, {e.origin}]")
             if e.description:
                 print(f"      {e.description}")
-    from goose.manager import _origins
+    from goose.manager import broken_plugins, plugin_origins
 
-    from goose.manager import broken_plugins
+    origins = plugin_origins()
 
     print("Plugins loaded:")
     for name, plugin in pm.list_name_plugin():
-        print(f"  {name}  ({_origins.get(name, '?')})")
+        print(f"  {name}  ({origins.get(name, '?')})")
     broken = broken_plugins()
     if broken:
         print("Plugins left out:")
@@ -135,8 +135,8 @@ def _cmd_calibrate(args) -> int:
 
     import torch
 
-    from goose import latency
-    from goose import machine
+    from goose.verifiers import latency
+    from goose.verifiers import machine
     from goose.tools import models
 
     if args.threads < 1:

@@ -1,4 +1,4 @@
-"""``goose tiers``: measure a chain source's acceptance per confidence tier and store it (:mod:`goose.tiers`).
+"""``goose tiers``: measure a chain source's acceptance per confidence tier and store it (:mod:`goose.policies.tiers`).
 
     goose tiers --source pld --model smollm2 --data-dir DATA [--datasets tune] [--floors 1.0,0.7]
 
@@ -6,7 +6,7 @@ For each prompt, the model's greedy output; at every position of it, what the so
 the prompt and the tokens before, and how many of its tokens the output continues with. Per tier
 of the source's confidence: p_1 of each prompt's first proposal in that tier and the rate of depth
 d >= 2 given d - 1, stored as Wilson lower bounds in ``<source>@<version>@<model>.json`` in the user store
-(``$GOOSE_TIERS_DIR``, default ``~/.cache/goose/tiers``), where :func:`goose.tiers.load` finds them.
+(``$GOOSE_TIERS_DIR``, default ``~/.cache/goose/tiers``), where :func:`goose.policies.tiers.load` finds them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import Counter
 def add_parser(sub) -> None:
     t = sub.add_parser("tiers", help="measure a chain source's acceptance per confidence tier (policies start there)",
                        description="Measure a chain source's acceptance per confidence tier along a model's greedy "
-                       "outputs, and store it where goose.tiers.load (and the policies) find it.")
+                       "outputs, and store it where goose.policies.tiers.load (and the policies) find it.")
     t.add_argument("--source", required=True, metavar="SPEC",
                    help="one registered chain source, options as in goose bench (pld, pld{max_chain=16})")
     t.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 
 def parse_floors(text: str) -> tuple[float, ...]:
     from goose.errors import InvalidInputError
-    from goose.tiers import check_floors
+    from goose.policies.tiers import check_floors
 
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
@@ -55,14 +55,14 @@ def build_source(spec: str):
     from goose.errors import InvalidInputError, UnknownComponentError
     from goose.interfaces import DraftSource
     from goose.manager import build_component
-    from goose.specs import _split_top, preset
-    from goose.tiers import check_chain_source
+    from goose.specs import split_top, preset
+    from goose.policies.tiers import check_chain_source
 
     spec = (spec or "").strip()
     hint = "Hint: --source pld, or --source pld{max_chain=16}"
     if not spec:
         raise InvalidInputError(f"--source is empty. Allowed: one registered source name, options in braces. {hint}")
-    if len(_split_top(spec, "/")) > 1 or len(_split_top(spec, "+")) > 1:
+    if len(split_top(spec, "/")) > 1 or len(split_top(spec, "+")) > 1:
         raise InvalidInputError(
             f"--source {spec!r}: tiers are measured one source at a time, not a method or several sources. "
             f"Allowed: one registered source name, options in braces. {hint}"
@@ -87,7 +87,7 @@ def _check_args(args) -> None:
 
 
 def record_of(src, args, datasets: str, tiers, measured, model_key: str | None = None) -> dict:
-    """The record ``goose tiers`` stores: ``model`` is :func:`goose.tiers.model_key` of the model measured on
+    """The record ``goose tiers`` stores: ``model`` is :func:`goose.policies.tiers.model_key` of the model measured on
     (``args.model`` where none is given), which the policies look tiers up by."""
     return {"source": src.name, "version": str(type(src).version), "model": model_key or args.model, "datasets": datasets,
             "max_new_tokens": args.max_new_tokens, "options": src.options.model_dump(mode="json"),
@@ -97,7 +97,7 @@ def record_of(src, args, datasets: str, tiers, measured, model_key: str | None =
 def run(args) -> int:
     import torch
 
-    from goose import tiers as tiers_mod
+    from goose.policies import tiers as tiers_mod
     from goose.errors import InvalidInputError
     from goose.tools import models
     from goose.tools.bench import select_prompts
@@ -144,16 +144,16 @@ def run(args) -> int:
 
 
 def _explain(path, name: str, version: str, key: str) -> None:
-    from goose import tiers as tiers_mod
+    from goose.policies import tiers as tiers_mod
 
     here = path.resolve()
     looked = [d.resolve() / tiers_mod.file_name(name, version, key) for d in (tiers_mod.store_dir(), tiers_mod.shipped_dir())]
     if here in looked:
         first = "" if here == looked[0] or not looked[0].exists() else f" ({looked[0]} is read before it)"
-        print(f"goose.tiers.load({name!r}, {version!r}, {key!r}) reads it{first}: policies composed on this model "
+        print(f"goose.policies.tiers.load({name!r}, {version!r}, {key!r}) reads it{first}: policies composed on this model "
               f"(model key {key!r}) start a {name!r} chain of each confidence tier at its (p_1, p_deeper); other "
               f"models start at the pessimistic prior until measured; raise {name}'s DraftSource.version when a "
               "change makes these numbers stale")
     else:
-        print(f"not where goose.tiers.load looks: copy it to {looked[0]} (the user store, $GOOSE_TIERS_DIR) or "
+        print(f"not where goose.policies.tiers.load looks: copy it to {looked[0]} (the user store, $GOOSE_TIERS_DIR) or "
               f"{looked[1]} (shipped with the package) for policies to find it")

@@ -5,9 +5,9 @@ registered sources:
 
 - each request gets its own copies of the sources (``begin`` when it first appears, ``end`` when it leaves
   the batch, so a cross-request source such as ``suffix`` learns its text);
-- every source's chain is merged as the ``spine`` policy merges them (:mod:`goose.chains`), led by the chain
+- every source's chain is merged as the ``spine`` policy merges them (:mod:`goose.policies.chains`), led by the chain
   with the most expected accepted tokens under each source's measured acceptance, per band of the confidence
-  its proposal reports (:mod:`goose.rates`);
+  its proposal reports (:mod:`goose.policies.rates`);
 - how many tokens of each request's chain are drafted is planned for the whole batch (:meth:`Proposer.plan`):
   the tokens most likely to be accepted, across every request, as long as they add more expected committed
   tokens per second than the rows they add cost in the engine step, as measured while the engine runs

@@ -1,5 +1,5 @@
 """The proposer vLLM calls (``custom_class``): per request, its own copies of the sources; per step, every
-request's chains merged (:mod:`goose.chains`), priced against the engine's measured step cost
+request's chains merged (:mod:`goose.policies.chains`), priced against the engine's measured step cost
 (:mod:`goose.vllm.cost`) and planned for the whole batch (:meth:`Proposer.plan`). Its options:
 :class:`goose.vllm.options.ProposerOptions`."""
 
@@ -15,10 +15,10 @@ from time import perf_counter
 
 import numpy as np
 
-from goose.chains import Drafted, merge, rank
+from goose.policies.chains import Drafted, merge, rank
 from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source
-from goose.rates import SourceRates, shrunk
+from goose.policies.rates import SourceRates, shrunk
 from goose.vllm.cost import StepCost
 from goose.vllm.options import ProposerOptions
 from goose.vllm.recycle import Recycler

@@ -33,6 +33,7 @@ from collections import Counter
 from pydantic import Field
 
 import goose
+from goose.verifiers.transformers_tree import TransformersVerifier
 
 
 class LastSuccessorOptions(goose.Options):
@@ -134,7 +135,7 @@ class CountingVerifier(goose.Verifier):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.inner = goose.TransformersVerifier()
+        self.inner = TransformersVerifier()
         self.sizes: Counter = Counter()
 
     def bind(self, model) -> None:

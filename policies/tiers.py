@@ -39,6 +39,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
@@ -69,7 +70,7 @@ def store_dir() -> Path:
 
 def shipped_dir() -> Path:
     """The tiers shipped with the package (``goose/data/tiers/``)."""
-    return Path(__file__).resolve().parent / "data" / "tiers"
+    return Path(str(resources.files("goose") / "data" / "tiers"))
 
 
 def model_key(model) -> str:
@@ -200,8 +201,8 @@ def save(record: dict, path=None) -> Path:
     if not isinstance(record, dict) or any(k not in record for k in ("source", "version", "model")):
         raise InvalidInputError(
             f"a tiers record is a dict with at least \"source\", \"version\", \"model\" and \"tiers\"; got "
-            f"{record!r:.200}. Hint: the record goose tiers builds (goose.tiers module docstring); \"model\" is "
-            "goose.tiers.model_key(model)"
+            f"{record!r:.200}. Hint: the record goose tiers builds (goose.policies.tiers module docstring); \"model\" is "
+            "goose.policies.tiers.model_key(model)"
         )
     source, version, model = str(record["source"]), str(record["version"]), model_key(str(record["model"]))
     check_record(record, source, version, path or file_name(source, version, model), model)

@@ -3,7 +3,7 @@
 Each step every source that proposes something gives a chain (its proposal, or a tree proposal's
 first root-to-leaf path). The chains merge into a trie under the root: a token that two sources
 propose at the same place is one node that both vouch for (``DraftTree.sources``). Which chain is
-the **spine** follows each source's *measured* acceptance (:class:`goose.rates.SourceRates`), never
+the **spine** follows each source's *measured* acceptance (:class:`goose.policies.rates.SourceRates`), never
 the order of ``sources=[...]``:
 
 - :func:`rank` orders this step's chains by the expected accepted tokens of each under its
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from goose.interfaces import DraftContext, Proposal
-from goose.rates import SourceRates
+from goose.policies.rates import SourceRates
 from goose.tree import DraftTree
 
 SPINE = "spine"

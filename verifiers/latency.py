@@ -21,7 +21,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
-from goose import machine
+from goose.verifiers import machine
 
 # Every size the fit may pick up to 64 (bfloat16 and small-row kernels change with the row count),
 # then coarser; beyond the last size the curve is extended in proportion.

@@ -1,6 +1,6 @@
 """What machine a measurement ran on: CPU model and the vector extensions that decide which tree pays.
 
-Part of the core: the latency curve a fitted policy trusts is keyed by it (goose/latency.py), so a
+Part of the core: the latency curve a fitted policy trusts is keyed by it (verifiers/latency.py), so a
 cache directory shared between machines, or a run with torch's kernels limited to AVX2, never
 reuses a curve measured on other hardware. Results tables print :func:`describe`.
 """

@@ -20,13 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from goose.branches import shrunk
 from goose.tree import DraftTree
-
-
-def shrunk(hits, trials, prior, weight):
-    """``hits`` in ``trials`` shrunk toward ``prior`` by ``weight`` pseudo-observations (numbers or numpy
-    arrays, elementwise): the one estimator every learned rate uses."""
-    return (hits + prior * weight) / (trials + weight)
 
 
 class SourceRates:
@@ -86,7 +81,7 @@ class SourceRates:
         return shrunk(hit, trial, self.start(key, depth), self.weight)
 
     def trusted(self, drafted, trust_min: float) -> float:
-        """The confidence ``drafted`` (a :class:`goose.chains.Drafted`, or None) may spend on budget, spine share and bypass: its reported confidence
+        """The confidence ``drafted`` (a :class:`goose.policies.chains.Drafted`, or None) may spend on budget, spine share and bypass: its reported confidence
         while its (source, tier) has earned a depth-1 rate of at least ``trust_min``, else 0."""
         if drafted is None or drafted.confidence <= 0.0:
             return 0.0
