@@ -8,7 +8,7 @@ from its own global defaults (``top_k=50`` among them), and builds its logits pr
 stopping criteria from the result, in its own order. Goose does not copy those rules: it asks
 transformers. :func:`resolve` calls the model's own ``generate`` with the caller's arguments and
 a ``custom_generate`` callable that returns what ``generate`` prepared instead of decoding
-(transformers' public hook for replacing the loop; no forward runs, about 2 ms). So an unset
+(transformers' public hook for replacing the loop; no forward runs). So an unset
 argument gets exactly the value ``model.generate`` would give it, for this model and this
 transformers version, and a default that changes in transformers changes here with it.
 

@@ -111,12 +111,12 @@ def build_processors(s: Sampling, prompt_len: int, eos_ids: Sequence[int]):
 class FastTopP:
     """transformers' ``TopPLogitsWarper`` for one CPU row, bit for bit, without its index sort.
 
-    The stock warper sorts the whole vocabulary with indices (``torch.sort``: 2.7 ms for 49,152
-    values on this project's CPUs, most of a sampled token's processing). Its result depends only
+    The stock warper sorts the whole vocabulary with indices (``torch.sort``, most of a sampled token's
+    processing). Its result depends only
     on the sorted *values*: the cumulative probabilities ``softmax(sorted).cumsum()`` are
     non-decreasing, so the removed entries are a prefix of the sorted order, and when the first
     kept value ``v`` differs from the last removed one that prefix is exactly ``scores < v``. This
-    class sorts the values with numpy (0.1 ms), computes the same softmax and cumsum on the same
+    class sorts the values with numpy (far faster), computes the same softmax and cumsum on the same
     sorted tensor, and masks ``scores < v``. Where that identity could fail it calls the stock
     warper instead: a tie across the cut, NaN, a batch, a non-CPU tensor, a filter value other than
     -inf, or fewer finite scores than ``min_tokens_to_keep``. ``tests/test_sampling.py`` checks

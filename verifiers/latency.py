@@ -33,7 +33,7 @@ COMPARE = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 FULL_ROUNDS = 5
 # where the time budget stops the walk over SIZES, the sizes past it among these are still timed once each,
 # in this order, while it allows (the widest span first; the sizes between are interpolated and listed in
-# their form; 128, 96, 80 last: Gemma-3's walk stopped at 64 on the 60% share)
+# their form; the largest last: a walk may stop near 64)
 ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
 CURVE_VERSION = 16  # bump when the measuring method or a kernel it times changes: cached curves are measured anew
@@ -106,8 +106,7 @@ class LatencyCurve:
         took less time than ``k`` rows are estimated to take (the extra rows are padding); ``k`` itself
         past the last measured count or where none is measured.
 
-        The head's time is not monotone in its rows: a GEMM takes another path from some row count on
-        (Gemma-3-270M's 262,144-row head in float32 on an AMX Xeon: 202 ms for 15 rows, 80 ms for 16), so
+        The head's time is not monotone in its rows: a GEMM may take a faster path from some row count on, so
         where a measured count above ``k`` is cheaper than the estimate for ``k``, that count is run.
         """
         h = self.head
@@ -343,9 +342,8 @@ class _Walk:
         for n in (1, 1, 1):
             self.once(n)
         stock_mid = self.once(mid)
-        # a form far slower at a middle size is not compared at the others (bfloat16 with AVX2 kernels:
-        # weight @ x.T is several times slower; stock float32 linears 2.4x the stream kernel for Qwen2.5-1.5B
-        # at 8 rows), and timing it at every compared size doubles the wait
+        # a form far slower at a middle size is not compared at the others: timing it at every compared size
+        # would double the wait
         if mid >= 2:
             mids: dict[str | None, float] = {None: stock_mid}
             for f in self.forms:
@@ -383,9 +381,7 @@ class _Walk:
             else:
                 self.form[n] = self.nearest(n)
                 dt = self.once(n, self.form[n])
-            # a size that would end the walk is timed twice, the lower kept: one stalled forward at size
-            # 10 reached 12x t(1) for Gemma-3-270M, whose median t(10) was 1.8x t(1) (130 ms, 72 ms;
-            # 2026-12-03, Intel Xeon (KVM), 2 cores)
+            # a size that would end the walk is timed twice, the lower kept: one stalled forward must not end it
             if n > 1:
                 dt = self.again_over(dt, self.stop_ratio * t1, n, self.form[n])
             self.times[n] = [dt]
@@ -400,26 +396,22 @@ class _Walk:
     def anchors(self, last: int, top: int) -> None:
         """The :data:`ANCHORS` past ``last`` up to ``top``, once each where the rest of the budget allows.
 
-        With them the curve interpolates past the walked sizes instead of extending in proportion:
-        extended from size 11, Qwen2.5-Coder-1.5B's t(52) is 3.8 s where its verified 52-token chains
-        take 1.28 s (float32; 2026-12-03, Intel Xeon (KVM), 2 cores).
+        With them the curve interpolates past the walked sizes instead of extending in proportion, which
+        overprices long chains (a pass's time grows far slower than its rows).
         """
         t1 = self.t1
         cap = top + 1  # anchors at or above it are skipped: one over stop_ratio x t(1) lowers it
         for a in (a for a in ANCHORS if last < a <= top):
             if a >= cap:
                 continue
-            # whether it fits: its time guessed on the line through t(1) and the largest size timed so far;
-            # a guess in proportion to that size ignores the fixed cost per pass (Qwen2.5-Coder-1.5B,
-            # float32, t(1) 591 ms, walk stopped at size 4: t(32) 6.7 s in proportion to t(4), past the
-            # budget, 3.2 s on the line, 1.59 s when timed; 2026-12-03, Intel Xeon (KVM), 2 cores)
+            # whether it fits: its time guessed on the line through t(1) and the largest size timed so far
+            # (a guess in proportion to that size would ignore the fixed cost per pass)
             prev = max(self.times)
             guess = self.times[prev][0] + (a - prev) * max(0.0, self.times[prev][0] - t1) / (prev - 1)
             if self.elapsed() + guess > self.budget_s:
                 continue  # a smaller anchor after it may still fit
             self.form[a] = self.nearest(a)
-            # timed once, and again where over 1.5x the guess: one stall would price every long chain (a
-            # stalled pass put Gemma-3-270M's t(32) at 605 ms beside t(28) 308 ms; 2026-12-03, Intel Xeon (KVM))
+            # timed once, and again where over 1.5x the guess: one stall would price every long chain
             self.times[a] = [self.again_over(self.once(a, self.form[a]), 1.5 * guess, a, self.form[a])]
             self.say(f"size {a}: {1000 * self.times[a][0]:.1f} ms ({self.elapsed():.1f} s)")
             if self.times[a][0] > self.stop_ratio * t1:  # no tree that large pays: nor does a larger anchor
