@@ -69,6 +69,8 @@ def compose(
             CompositionWarning,
             stacklevel=2,
         )
+    for s in built:
+        call_component("source", s, "attach", model, tokenizer)
     call_component("policy", pol, "attach", model, ver)
     pm = get_plugin_manager()
     eos = _eos_ids(model, tokenizer)

@@ -330,6 +330,11 @@ class DraftSource(ABC):
     def __init__(self, options: Options | None = None):
         self.options = options if options is not None else self.Options()
 
+    def attach(self, model, tokenizer) -> None:
+        """Called once by ``compose`` with the target model and the decoder's tokenizer (None where the decoder
+        was composed without one). A source that works on text (a phrase list, a retrieval index) turns it into
+        token ids here, with the tokenizer the decoder's output is decoded with, instead of loading its own."""
+
     def begin(self, request: Request) -> None:
         """A generation starts; reset per-request state."""
 
