@@ -36,7 +36,7 @@ FULL_ROUNDS = 5
 # their form; the largest last: a walk may stop near 64)
 ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
-CURVE_VERSION = 16  # bump when the measuring method or a kernel it times changes: cached curves are measured anew
+CURVE_VERSION = 17  # bump when the measuring method or a kernel it times changes: cached curves are measured anew
 # A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
 # forms): machines with the same CPU name and flags differ in speed (virtual machines on other hosts)
 # and in which linear-layer form is fastest, and a curve measured under load misleads the fit
@@ -61,11 +61,11 @@ class LatencyCurve:
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
-    skinny: tuple[int, ...] = ()  # sizes whose tree pass is fastest with weight @ x.T linears
     # (rows, seconds) of the LM head alone on that many rows: what the prefill's extra logit rows cost
     head: tuple[tuple[int, float], ...] = ()
-    packed: tuple[int, ...] = ()  # sizes whose tree pass is fastest with packed-weight linears
-    stream: tuple[int, ...] = ()  # sizes whose pass is fastest with the streaming kernel (size 1 included)
+    # ((form, sizes), ...): the sizes whose pass is fastest in each of the verifier's pass_forms (other sizes:
+    # its default)
+    forms: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def __call__(self, n: int) -> float:
         s, t = self.sizes, self.seconds
@@ -134,19 +134,22 @@ class LatencyCurve:
         return max(rb, int(rb + (limit - tb) / per_row + 1e-9))  # 1e-9: float rounding of whole rows
 
     def to_dict(self) -> dict:
-        return {"sizes": list(self.sizes), "seconds": list(self.seconds), "skinny": list(self.skinny),
-                "packed": list(self.packed), "stream": list(self.stream), "head": [list(x) for x in self.head]}
+        return {"sizes": list(self.sizes), "seconds": list(self.seconds), "head": [list(x) for x in self.head],
+                "forms": {f: list(ns) for f, ns in self.forms}}
 
     @classmethod
     def from_dict(cls, d: dict) -> LatencyCurve:
         head = tuple((int(r), float(t)) for r, t in d.get("head", ()))
-        return cls(tuple(d["sizes"]), tuple(d["seconds"]), tuple(d.get("skinny", ())), head, tuple(d.get("packed", ())),
-                   tuple(d.get("stream", ())))
+        forms = tuple((str(f), tuple(int(n) for n in ns)) for f, ns in d.get("forms", {}).items())
+        return cls(tuple(d["sizes"]), tuple(d["seconds"]), head, forms)
 
-    def form(self, n: int) -> str:
-        """The linear layers' form a pass of n nodes runs in (a size listed in no form: stock)."""
-        return ("skinny" if n in self.skinny else "packed" if n in self.packed else "stream" if n in self.stream
-                else "stock")
+    def sizes_in(self, form: str) -> tuple[int, ...]:
+        """The sizes whose pass runs in ``form``."""
+        return next((ns for f, ns in self.forms if f == form), ())
+
+    def form(self, n: int) -> str | None:
+        """The form a pass of n nodes runs in (None: the verifier's default)."""
+        return next((f for f, ns in self.forms if n in ns), None)
 
 
 def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict[int, str]:
@@ -295,9 +298,10 @@ def measure(
     form = w.form
     filled = _between_anchors(form, last, max_rows) if last is not None else {}
     every = {**filled, **{n: form[n] for n in kept}}  # sizes between anchors run in the anchors' form
-    v.forms_kept(frozenset(f for f in every.values() if f is not None))
-    listed = {f: tuple(n for n in sorted(every) if every[n] == f) for f in ("skinny", "packed", "stream")}
-    return LatencyCurve(tuple(kept), tuple(med), listed["skinny"], head, listed["packed"], listed["stream"])
+    used = sorted({f for f in every.values() if f is not None})
+    v.forms_kept(frozenset(used))
+    return LatencyCurve(tuple(kept), tuple(med), head, tuple((f, tuple(n for n in sorted(every) if every[n] == f))
+                                                             for f in used))
 
 
 class _Walk:
@@ -441,7 +445,7 @@ def check(verifier, curve: LatencyCurve, tolerance: float = CHECK_TOLERANCE, siz
     off = []
     try:
         for n in sizes:
-            form = None if curve.form(n) == "stock" else curve.form(n)  # as measure() passes it to once()
+            form = curve.form(n)
             timer.once(n, form)
             now = statistics.median(timer.once(n, form) for _ in range(3))
             then = curve(n)
@@ -590,10 +594,8 @@ def _curve_at(model, verifier, path: Path, use_cache: bool, force: bool, check_c
     done(
         f"measured in {time.perf_counter() - t0:.1f} s: t(1) = {1000 * curve(1):.1f} ms, "
         f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
-        + (f"; weight @ x.T fastest at {len(curve.skinny)} sizes" if curve.skinny else "")
-        + (f"; packed weights fastest at {len(curve.packed)} sizes" if curve.packed else "")
-        + (f"; the stream kernel fastest at {len(curve.stream)} sizes" if curve.stream else "")
-        + ("; stock linear layers everywhere" if not (curve.skinny or curve.packed or curve.stream) else "")
+        + "".join(f"; {f} fastest at {len(ns)} sizes" for f, ns in curve.forms)
+        + ("; the default form everywhere" if not curve.forms else "")
     )
     if not use_cache:
         return curve

@@ -215,11 +215,8 @@ class TransformersVerifier(Verifier):
             if curve is not None and curve.head:
                 self._head_curve = curve  # how many rows the deferred prefill rows are run as
             if curve is not None and self._linears:
-                forms.update({k: "skinny" for k in curve.skinny})
-                if curve.stream and stream.available(self._linears):
-                    forms.update({k: "stream" for k in curve.stream})
-                if curve.packed and skinny.packed_available(self._linears, self.options.pack_limit_mib):
-                    forms.update({k: "packed" for k in curve.packed})
+                usable = set(self.pass_forms())  # a cached curve may list a form this machine cannot run now
+                forms.update({k: f for f, ns in curve.forms if f in usable for k in ns})
         if "packed" in forms.values() or self.options.linear == "packed":
             if not skinny.prepack(self._linears, self.options.pack_limit_mib):
                 if self.options.linear == "packed":

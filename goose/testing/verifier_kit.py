@@ -252,8 +252,9 @@ class VerifierLosslessnessKit:
         curve = latency.measure(kit.dec.model, ver, sizes=(1, 2, 4, 8), past_len=16, repeats=1, budget_s=5.0,
                                 measure_head=False)
         assert curve.sizes[0] == 1 and all(t > 0 for t in curve.seconds), f"the calibration measured {curve}"
-        listed = {*curve.skinny, *curve.packed, *curve.stream}
-        assert listed <= set(range(1, 9)), f"the calibration listed forms at sizes {sorted(listed)}"
+        for form, ns in curve.forms:
+            assert form in forms and all(ver.form_serves(form, n) for n in ns), (
+                f"the calibration listed form {form!r} at sizes {list(ns)}: not a pass form serving them")
         self._run(kit, [1, 2, 3, 1, 2], 12)  # the verifier still decodes greedily after its calibration
 
 

@@ -159,22 +159,23 @@ def _cmd_calibrate(args) -> int:
     t1 = curve(1)
     print("| n | ms | x t(1) | linear layers |\n|---|---|---|---|")
     for n in curve.sizes:
-        form = {"skinny": "weight @ x.T", "packed": "packed weights", "stream": "stream kernel"}.get(curve.form(n), "stock")
+        form = {"skinny": "weight @ x.T", "packed": "packed weights", "stream": "stream kernel"}.get(curve.form(n) or "", "stock")
         print(f"| {n} | {1000 * curve(n):.1f} | {curve(n) / t1:.2f} | {form} |")
     from goose.verifiers import skinny
 
     lin = skinny.linears(model)
-    if curve.packed and skinny.packed_supported(lin):
+    packed, streamed = curve.sizes_in("packed"), curve.sizes_in("stream")
+    if packed and skinny.packed_supported(lin):
         made = skinny.packed_bytes(lin)
         size = f"{made / 2**20:,.0f} MiB measured" if made else f"about {skinny.pack_estimate(lin) / 2**20:,.0f} MiB"
-        print(f"packed linear weights at tree sizes {min(curve.packed)}-{max(curve.packed)}: {size} beside the "
+        print(f"packed linear weights at tree sizes {min(packed)}-{max(packed)}: {size} beside the "
               f"model's {sum(m.weight.nbytes for m in lin) / 2**20:,.0f} MiB of linear weights, made by a decoder "
               f"with linear='auto' (default limit: a quarter of the available memory, now "
               f"{skinny.pack_limit() / 2**20:,.0f} MiB; verifier option pack_limit_mib, 0: never)")
     else:
         print("packed linear weights: not used (0 MiB)")
-    if curve.stream:
-        print(f"stream kernel at sizes {min(curve.stream)}-{max(curve.stream)}: 0 MiB beside the model's "
+    if streamed:
+        print(f"stream kernel at sizes {min(streamed)}-{max(streamed)}: 0 MiB beside the model's "
               f"{sum(m.weight.nbytes for m in lin) / 2**20:,.0f} MiB of linear weights (it reads them in their own layout)")
     if args.json:
         with open(args.json, "w") as f:
