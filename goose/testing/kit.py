@@ -4,49 +4,42 @@ draft sources and tree policies."""
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import torch
 
-from goose.interfaces import DraftSource, DraftState, Options, Proposal
+import goose
+from goose.compose import CompositionWarning
+from goose.errors import DraftSourceError, GooseError
+from goose.interfaces import DraftSource, DraftState, Options, Proposal, check_proposal, check_successors
 from goose.sampling import Sampling, build_processors
-from goose.testing.toy import reference_next
+from goose.testing.toy import MOD, ToyCausalLM, _weight, reference_greedy, reference_next, reference_sample
 from goose.tree import DraftTree
 
 try:  # hypothesis is a test dependency, not a runtime one
+    from hypothesis import given, settings
     from hypothesis import strategies as st
 except ImportError:  # pragma: no cover
-    st = None
+    given = settings = st = None
 
 
-def random_tree_nodes(
-    rng: random.Random,
-    max_nodes: int,
-    vocab_size: int,
-    oracle: Callable[[list[int]], int] | None,
-    p_oracle: float,
-    p_chain: float = 0.3,
-) -> tuple[list[int], list[int]]:
-    """Draw a random tree under a virtual root: (tokens, parents) with parents -1 = root.
-
-    With probability ``p_oracle`` a node carries the oracle's token for its path (the token the
-    target will want), so acceptance paths of every length occur.
-    """
-    n = rng.randint(0, max_nodes)
+def random_tree_nodes(rng: random.Random, max_nodes: int, vocab_size: int, oracle: Callable[[list[int]], int] | None,
+                      p_oracle: float, p_chain: float = 0.3) -> tuple[list[int], list[int]]:
+    """A random tree under a virtual root: (tokens, parents), parent -1 = the root. With probability ``p_oracle`` a
+    node carries ``oracle(path)`` (the token the target wants there), so accepted paths of every length occur."""
     tokens: list[int] = []
     parents: list[int] = []
     used: set[tuple[int, int]] = set()
     paths: list[list[int]] = []
-    for i in range(n):
+    for i in range(rng.randint(0, max_nodes)):
         if i and rng.random() < p_chain:
             parent = i - 1 if len(tokens) == i else rng.randint(-1, len(tokens) - 1)
         else:
             parent = rng.randint(-1, len(tokens) - 1)
         path = [] if parent < 0 else paths[parent]
-        if oracle is not None and rng.random() < p_oracle:
-            tok = oracle(path)
-        else:
-            tok = rng.randrange(vocab_size)
+        tok = oracle(path) if oracle is not None and rng.random() < p_oracle else rng.randrange(vocab_size)
         if (parent, tok) in used:
             continue
         used.add((parent, tok))
@@ -57,9 +50,8 @@ def random_tree_nodes(
 
 
 class ReferenceTreeSource(DraftSource):
-    """Random trees (:func:`random_tree_nodes`) in which a node carries the next token of a known
-    reference sequence (``ref_full``: prompt + expected continuation) with probability ``p``, else
-    a random id below ``vocab_size``: for checking a model's tree passes against its own decoding."""
+    """Random trees (:func:`random_tree_nodes`) whose nodes carry the next token of ``ref_full`` (prompt + expected
+    continuation) with probability ``p``, else a random id: checks a model's tree passes against its own decoding."""
 
     name = "ref-trees"
 
@@ -93,11 +85,8 @@ class ArbitraryTreeOptions(Options):
 
 
 class ArbitraryTreeSource(DraftSource):
-    """Emits arbitrary trees (a seeded random stream, the seed drawn by Hypothesis).
-
-    Its oracle is the toy model's from-scratch greedy rule, so it mixes right and wrong tokens at
-    every depth. Use it with the ``proposal`` policy, which verifies a proposal as proposed.
-    """
+    """Arbitrary trees from a seeded random stream whose oracle is the toy model's greedy rule, so right and wrong
+    tokens mix at every depth. Use it with the ``proposal`` policy, which verifies a proposal as proposed."""
 
     name = "arbitrary"
     Options = ArbitraryTreeOptions
@@ -107,15 +96,11 @@ class ArbitraryTreeSource(DraftSource):
         self.vocab = request.vocab_size
 
     def propose(self, state: DraftState) -> Proposal | None:
-        seq = list(state.tokens)
-        oracle = (lambda path: reference_next(seq + path, self.vocab)) if self.options.oracle else None
-        max_nodes = min(state.budget - 1, self.options.max_nodes or state.budget)
-        toks, pars = random_tree_nodes(
-            self.rng, max_nodes, self.vocab, oracle, self.options.p_oracle, self.options.p_chain
-        )
-        if not toks:
-            return None
-        return Proposal(self.name, tuple(toks), tuple(pars), confidence=self.options.confidence)
+        o, seq = self.options, list(state.tokens)
+        oracle = (lambda path: reference_next(seq + path, self.vocab)) if o.oracle else None
+        max_nodes = min(state.budget - 1, o.max_nodes or state.budget)
+        toks, pars = random_tree_nodes(self.rng, max_nodes, self.vocab, oracle, o.p_oracle, o.p_chain)
+        return Proposal(self.name, tuple(toks), tuple(pars), confidence=o.confidence) if toks else None
 
 
 class ArbitraryChainOptions(Options):
@@ -126,9 +111,8 @@ class ArbitraryChainOptions(Options):
 
 
 class ArbitraryChainSource(DraftSource):
-    """Chains of a seeded random length (0 to the budget + 4) whose tokens are each the toy model's
-    greedy token after the chain so far (``reference_next``) with probability ``p_oracle``, else a
-    random id: right prefixes of every length, then wrong tokens, at a drawn ``confidence``."""
+    """Chains of a seeded random length (0 to ``max_len``) whose tokens are each the toy's greedy token after the
+    chain so far with probability ``p_oracle``, else a random id, at confidence ``confidence``."""
 
     name = "arbitrary-chain"
     Options = ArbitraryChainOptions
@@ -153,11 +137,10 @@ class ArbitrarySuccessorOptions(Options):
 
 
 class ArbitrarySuccessorSource(DraftSource):
-    """A successor source (``provides_successors``; it never proposes a chain) answering each
-    ``successors(token, prev)`` with up to ``max_k`` distinct ids, scores in (0, 1], best first:
-    random ids, and, with probability ``p_oracle``, at a random rank, the toy model's greedy token
-    after ``token`` where ``(prev, token)`` lies on the greedy continuation of the committed text
-    (which the source follows through ``begin``, ``propose`` and ``observe``)."""
+    """A successor source (it never proposes) answering ``successors(token, prev)`` with up to ``max_k`` distinct
+    ids, scores in (0, 1], best first: random ids and, with probability ``p_oracle`` at a random rank, the toy's
+    greedy token after ``token`` where ``(prev, token)`` lies on the greedy continuation of the committed text
+    (followed through ``begin``, ``propose`` and ``observe``)."""
 
     name = "arbitrary-successors"
     Options = ArbitrarySuccessorOptions
@@ -184,8 +167,6 @@ class ArbitrarySuccessorSource(DraftSource):
         self.line = None
 
     def successors(self, token: int, prev: int | None):
-        from goose.testing.toy import reference_greedy
-
         if self.line is None:
             self.line = self.seq + reference_greedy(self.seq, 40, self.vocab)
         line, oracle = self.line, None
@@ -208,27 +189,18 @@ class ArbitrarySuccessorSource(DraftSource):
 
 
 def echo_prompt(vocab_size: int, max_new_tokens: int, keep: int = 8) -> list[int]:
-    """A prompt that holds its own greedy continuation on the toy model: at every step of a greedy
-    generation of up to ``max_new_tokens`` the last ``keep`` + (tokens generated) committed tokens
-    occurred earlier in it, followed by the next token, so a context-match source (n-grams up to
-    ``keep`` + 1 long) finds a match at every step, and the right one.
+    """A prompt holding its own greedy continuation on the toy model: at every step of a greedy generation of up
+    to ``max_new_tokens``, the last ``keep`` + (tokens generated) committed tokens occurred earlier in it, followed
+    by the next token, so a context-match source (n-grams up to ``keep`` + 1 long) finds the right match every step.
 
-    How: the toy's continuation depends on a prompt only through its length and
-    ``h = sum_j (token_j + 1) w(j) mod p`` (goose/testing/toy.py). Take a base prompt R (``range(V)``
-    repeated) and its greedy continuation G; write R's last ``keep`` tokens and G at the start of R,
-    then choose a few tokens right after them (a meet-in-the-middle search over their values) so
-    that h is R's again. The prompt ends as R does and has R's length and h: its continuation is G.
+    The toy's continuation depends on a prompt only through its length and its hash ``h`` (goose/testing/toy.py).
+    Take a base prompt R (``range(V)`` repeated) and its continuation G, write R's last ``keep`` tokens and G at R's
+    start, then choose a few tokens after them (a meet-in-the-middle search) so that h is R's again.
     """
-    from goose.testing.toy import MOD, reference_greedy
-
     V = vocab_size
     if V < 2:  # nothing to choose from: a constant prompt (its continuation is constant too)
         return [0] * (keep + 1)
     n = max_new_tokens + keep
-
-    def w(j: int) -> int:
-        return (j * j * 7 + j * 3 + 1) % MOD
-
     k = 1
     while V**k < 16 * MOD:  # enough value combinations that some hits any residue
         k += 1
@@ -239,16 +211,14 @@ def echo_prompt(vocab_size: int, max_new_tokens: int, keep: int = 8) -> list[int
         memory = base[-keep:] + cont
         prompt = memory + [0] * k + base[len(memory) + k :]
         slots = range(len(memory), len(memory) + k)
-        h_base = sum((t + 1) * w(j) for j, t in enumerate(base)) % MOD
-        rest = sum((t + 1) * w(j) for j, t in enumerate(prompt) if j not in slots) % MOD
-        target = (h_base - rest) % MOD
-        half = k // 2
-        a_slots, b_slots = list(slots)[:half], list(slots)[half:]
+        rest = sum((t + 1) * _weight(j) for j, t in enumerate(prompt) if j not in slots)
+        target = (sum((t + 1) * _weight(j) for j, t in enumerate(base)) - rest) % MOD
+        a_slots, b_slots = list(slots)[: k // 2], list(slots)[k // 2 :]
 
         def sums(js):  # every assignment of ids to slots js (mixed radix, first slot most significant)
             s = np.zeros(1, dtype=np.int64)
             for j in js:
-                s = ((s[:, None] + (np.arange(1, V + 1, dtype=np.int64) * w(j)) % MOD) % MOD).ravel()
+                s = ((s[:, None] + (np.arange(1, V + 1, dtype=np.int64) * _weight(j)) % MOD) % MOD).ravel()
             return s
 
         a, b = sums(a_slots), sums(b_slots)
@@ -302,47 +272,89 @@ else:  # pragma: no cover
         raise ImportError("goose.testing.trees needs hypothesis: pip install hypothesis")
 
 
-class SourceLosslessnessKit:
-    """The checks a draft source must pass, as a pytest base class: subclass it in your plugin's
-    tests and implement :meth:`make_source`. Every check runs your source on Goose's exact toy
-    model (``goose.testing.ToyCausalLM``, whose greedy and sampled continuations are known without
-    a forward pass), under :attr:`policy`:
+def _path(tree: DraftTree, i: int) -> tuple[int, ...]:
+    """The tokens from the root (excluded) down to node ``i``."""
+    path = []
+    while i > 0:
+        path.append(tree.tokens[i])
+        i = tree.parents[i]
+    return tuple(reversed(path))
 
-    - ``test_lossless_on_toy``: the output equals greedy decoding, for Hypothesis-drawn prompts,
-      lengths, budgets and eos ids;
-    - ``test_proposals_are_drafted_and_valid``: on a prompt that holds its own greedy continuation
-      (:func:`echo_prompt`: at every step the last committed tokens occurred earlier in the text, so a
-      context-match source finds a match at every step) the source proposes at least once (a
-      successor source: answers ``successors`` at least once; unless :attr:`require_drafts` is
-      False), each proposal passes the boundary checks of ``goose.interfaces.check_proposal`` (ids
-      in the vocabulary, parents, no duplicate siblings, finite confidence in [0, 1], credited to
-      the source) and each answer of ``successors`` those of ``check_successors`` (int ids in the
-      vocabulary, no repeat, one finite score each), ``state.tokens`` was the same sequence
-      after every ``propose`` as before it, the verified trees hold nodes credited to the source
-      (unless :attr:`require_drafts` is False), every such node is one it drafted at that step (a
-      path of its proposal, or a successor it gave for the node's parent), and
-      ``stats.per_source[<its name>]["drafted"]`` counts exactly those nodes;
-    - ``test_generations_on_one_decoder``: several generations in a row on one decoder (the same
-      source instance, so state kept across requests, e.g. a history filled in ``end``, is used),
-      each equal to greedy decoding, ``end`` called once per generation;
-    - ``test_sampling_is_seed_identical``: sampling (temperature, top-k) with a seeded generator
-      draws exactly what one-token sampling of the toy model draws with the same seed.
 
-    Attributes a subclass may set:
+def _proposal_paths(prop: Proposal) -> list[tuple[int, ...]]:
+    """The root-to-node token paths of a proposal's nodes."""
+    paths: list[tuple[int, ...]] = []
+    for t, p in zip(prop.tokens, prop.parents):
+        paths.append((*(paths[p] if 0 <= p < len(paths) else ()), int(t)))
+    return paths
 
-    - ``vocab_size`` (16): the toy model's vocabulary;
-    - ``policy`` ("proposal"): the tree policy the source drafts under ("proposal" verifies the
-      proposal as proposed, any tree shape; "spine" for a chain source beside "tr", ...). A
-      successor source needs a tree policy ("spine", "tr-tree"): under "proposal" every check
-      fails saying so;
-    - ``policy_options`` (None): options of that policy, as ``goose.compose(policy_options=...)``
-      takes them (e.g. ``{"latency": {1: 1.0, 128: 1.0}, "source_priors": {...}}`` for ``spine-fit``);
-    - ``extra_sources`` (()): sources composed after yours (e.g. ("tr",) for the spine policies);
-    - ``max_examples`` (30): Hypothesis examples per property;
-    - ``require_drafts`` (True): whether the source must propose on :func:`echo_prompt`'s prompt.
-    """
+
+class _ToyKit:
+    """What both kits share: drawn prompts on the toy model, outputs checked against greedy and seeded sampling.
+    A kit's ``_decoder(budget=, eos=, **drawn)`` composes the decoder under test; ``_draws()`` names what else is
+    drawn for it; ``_later_budgets`` bounds the budget of the generation and sampling checks."""
 
     vocab_size = 16
+    _later_budgets = (16, 16)
+
+    def _draws(self) -> dict:
+        return {}
+
+    def _prompt(self, max_size: int):
+        return st.lists(st.integers(0, self.vocab_size - 1), min_size=1, max_size=max_size)
+
+    def _generate(self, dec, prompt, max_new: int, **kw):
+        return dec.generate(list(prompt), max_new_tokens=max_new, **kw)
+
+    def _check_greedy(self, dec, prompt, max_new: int, eos: int | None):
+        out = self._generate(dec, prompt, max_new, do_sample=False)
+        ref = reference_greedy(prompt, max_new, self.vocab_size, [] if eos is None else [eos])
+        assert out.token_ids == ref, f"diverged: got {out.token_ids}, greedy {ref}"
+        return out
+
+    def test_lossless_on_toy(self):
+        @settings(max_examples=self.max_examples, deadline=None)
+        @given(prompt=self._prompt(30), max_new=st.integers(0, 40), budget=st.integers(1, 16),
+               eos=st.none() | st.integers(0, self.vocab_size - 1), **self._draws())
+        def prop(prompt, max_new, budget, eos, **drawn):
+            self._check_greedy(self._decoder(budget=budget, eos=eos, **drawn), prompt, max_new, eos)
+
+        prop()
+
+    def test_generations_on_one_decoder(self):
+        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
+        @given(prompts=st.lists(self._prompt(20), min_size=2, max_size=4), max_new=st.integers(8, 30),
+               budget=st.integers(*self._later_budgets), **self._draws())  # long enough to draft
+        def prop(prompts, max_new, budget, **drawn):
+            dec = self._decoder(budget=budget, **drawn)
+            for prompt in [*prompts, prompts[0]]:  # the first prompt again, last: what a history would serve
+                self._check_greedy(dec, prompt, max_new, None)
+            self._check_calls(dec, len(prompts) + 1)
+
+        prop()
+
+    def test_sampling_is_seed_identical(self):
+        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
+        @given(prompt=self._prompt(20), max_new=st.integers(8, 30), seed=st.integers(0, 2**16),
+               budget=st.integers(*self._later_budgets), temperature=st.sampled_from([0.5, 1.0, 1.5]),
+               top_k=st.sampled_from([None, 4]), **self._draws())
+        def prop(prompt, max_new, seed, budget, temperature, top_k, **drawn):
+            dec = self._decoder(budget=budget, **drawn)
+            p = {"do_sample": True, "temperature": temperature, "top_k": top_k}
+            out = self._generate(dec, prompt, max_new, generator=torch.Generator().manual_seed(seed), **p)
+            procs = build_processors(Sampling(**p), len(prompt), [])
+            ref = reference_sample(prompt, max_new, self.vocab_size, procs, torch.Generator().manual_seed(seed))
+            assert out.token_ids == ref, f"sampling diverged: got {out.token_ids}, one-token sampling {ref}"
+
+        prop()
+
+
+class SourceLosslessnessKit(_ToyKit):
+    """The checks a draft source must pass, as a pytest base class: subclass it in your plugin's tests and
+    implement :meth:`make_source`. Each check runs the source on the exact toy model under :attr:`policy` (a
+    successor source needs a tree policy such as "spine"). docs/plugins.md lists the tests and the attributes.
+    """
+
     policy = "proposal"
     policy_options: dict | None = None
     extra_sources: tuple = ()
@@ -352,60 +364,34 @@ class SourceLosslessnessKit:
     def make_source(self) -> DraftSource | str | tuple:  # pragma: no cover - to override
         raise NotImplementedError
 
-    def _decoder(self, budget: int = 16, eos: int | None = None, spy: bool = False):
-        import goose
-        from goose.testing.toy import ToyCausalLM
-
+    def _decoder(self, budget: int = 16, eos: int | None = None):
+        """The source under test composed on the toy, its first source spied on (``dec._kit_spy``)."""
         model = ToyCausalLM(self.vocab_size, eos_token_id=eos, max_positions=4096)
-        src = self.make_source()
-        dec = goose.compose(model, None, sources=[src, *self.extra_sources], policy=self.policy,
-                             policy_options=self.policy_options, budget=budget)
+        dec = goose.compose(model, None, sources=[self.make_source(), *self.extra_sources], policy=self.policy,
+                            policy_options=self.policy_options, budget=budget)
         first = dec._idle[0].sources[0]
         if first.provides_successors and dec.policy.name == "proposal":
             raise AssertionError(
                 f"{first.name!r} is a successor source (provides_successors = True) and the kit's policy "
                 f"'proposal' verifies proposals as proposed, never asking for successors: a successor source "
-                f"needs a tree policy: set policy = \"spine\" (or \"tr-tree\") on the kit subclass"
-            )
-        if spy:
-            _spy(dec, self.vocab_size)
+                f"needs a tree policy: set policy = \"spine\" (or \"tr-tree\") on the kit subclass")
+        _spy(dec, self.vocab_size)
         return dec
 
     def _run(self, prompt: Sequence[int], max_new: int, budget: int, eos: int | None, dec=None):
-        from goose.testing.toy import reference_greedy
+        return self._check_greedy(dec or self._decoder(budget, eos), prompt, max_new, eos)
 
-        dec = dec or self._decoder(budget, eos)
-        out = dec.generate(list(prompt), max_new_tokens=max_new, do_sample=False)
-        ref = reference_greedy(prompt, max_new, self.vocab_size, [] if eos is None else [eos])
-        assert out.token_ids == ref, f"diverged: got {out.token_ids}, greedy {ref}"
-        return out
-
-    def test_lossless_on_toy(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        @settings(max_examples=self.max_examples, deadline=None)
-        @given(
-            prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=30),
-            max_new=hs.integers(0, 40),
-            budget=hs.integers(1, 16),
-            eos=hs.none() | hs.integers(0, self.vocab_size - 1),
-        )
-        def prop(prompt, max_new, budget, eos):
-            self._run(prompt, max_new, budget, eos)
-
-        prop()
+    def _check_calls(self, dec, n: int) -> None:
+        assert dec._kit_spy["ends"] == n, "end() was not called once per generation"
 
     def test_proposals_are_drafted_and_valid(self):
-        dec = self._decoder(12, spy=True)
-        # a prompt holding its own greedy continuation: the last tokens committed at any step occurred in it
+        dec = self._decoder(12)
         out = self._run(echo_prompt(self.vocab_size, 30), 30, 12, None, dec)
         seen = dec._kit_spy
         # a backstop: the loop itself refuses these (a DraftSourceError) before they get here
         assert not seen["mutated"], f"state.tokens changed during propose(): {seen['mutated'][:3]}"
         assert not seen["invalid"], f"invalid proposals: {seen['invalid'][:3]}"
-        # what the loop does not check: every verified node credited to the source is one the source drafted at
-        # that step (a path of its proposal under that anchor, or a successor it gave for that node's parent)
+        # what the loop does not check: a verified node credited to the source was drafted by it at that step
         name, credited, foreign = seen["name"], 0, []
         for step, tree in enumerate(seen["trees"].get(0, ())):
             paths = seen["paths"].get((0, step), {})
@@ -413,14 +399,10 @@ class SourceLosslessnessKit:
                 if name not in tree.credited(i):
                     continue
                 credited += 1
-                path, j = [], i
-                while j > 0:
-                    path.append(tree.tokens[j])
-                    j = tree.parents[j]
-                par = tree.parents[i]
-                if tuple(reversed(path)) not in paths.get(tree.tokens[0], ()) and \
-                        tree.tokens[i] not in seen["successors"].get((0, step, tree.tokens[par]), ()):
-                    foreign.append((step, tree.label(i), tuple(reversed(path))))
+                path = _path(tree, i)
+                if path not in paths.get(tree.tokens[0], ()) and \
+                        tree.tokens[i] not in seen["successors"].get((0, step, tree.tokens[tree.parents[i]]), ()):
+                    foreign.append((step, tree.label(i), path))
         assert not foreign, f"nodes credited to {name!r} that it never drafted (step, node, path): {foreign[:3]}"
         got = out.stats.per_source.get(name, {}).get("drafted", 0)
         assert got == credited, f"stats.per_source[{name!r}] counts {got} drafted tokens; the verified trees credit it {credited}"
@@ -430,52 +412,12 @@ class SourceLosslessnessKit:
                 " (set require_drafts = False if that is intended)")
             assert credited > 0, f"the source proposed {seen['proposals']} times but no verified tree holds a node credited to {name!r}"
 
-    def test_generations_on_one_decoder(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
-        @given(prompts=hs.lists(hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
-                                min_size=2, max_size=4),
-               max_new=hs.integers(8, 30))  # long enough to draft (a 1-token generation drafts nothing)
-        def prop(prompts, max_new):
-            dec = self._decoder(16, spy=True)
-            for prompt in [*prompts, prompts[0]]:  # the first prompt again, last: what a history would serve
-                self._run(prompt, max_new, 16, None, dec)
-            assert dec._kit_spy["ends"] == len(prompts) + 1, "end() was not called once per generation"
-
-        prop()
-
-    def test_sampling_is_seed_identical(self):
-        import torch
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        from goose.testing.toy import reference_sample
-
-        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
-               max_new=hs.integers(8, 30), seed=hs.integers(0, 2**16),
-               temperature=hs.sampled_from([0.5, 1.0, 1.5]), top_k=hs.sampled_from([None, 4]))
-        def prop(prompt, max_new, seed, temperature, top_k):
-            dec = self._decoder(16)
-            p = {"do_sample": True, "temperature": temperature, "top_k": top_k}
-            out = dec.generate(prompt, max_new_tokens=max_new, generator=torch.Generator().manual_seed(seed), **p)
-            procs = build_processors(Sampling(**p), len(prompt), [])
-            ref = reference_sample(prompt, max_new, self.vocab_size, procs, torch.Generator().manual_seed(seed))
-            assert out.token_ids == ref, f"sampling diverged: got {out.token_ids}, one-token sampling {ref}"
-
-        prop()
-
 
 def _spy(dec, vocab_size: int) -> None:
-    """Record, on ``dec._kit_spy``, every proposal of the decoder's first source as it leaves it
-    (checked), whether ``state.tokens`` changed during propose, the ``end`` calls, and, per generation
-    (the number of ``end`` calls before it) and step, the root-to-node token paths of its proposals by
-    anchor (``paths``), the successors it gave by parent token (``successors``) and the verified trees."""
-    from goose.errors import DraftSourceError
-    from goose.interfaces import check_proposal, check_successors
-
+    """Record on ``dec._kit_spy`` the decoder's first source at work: its proposals (checked), any change to
+    ``state.tokens`` during ``propose``, its ``end`` calls, and per (generation = ``end`` calls before it, step) the
+    root-to-node paths of its proposals by anchor (``paths``), its successors by parent token (``successors``) and
+    the verified trees."""
     src = dec._idle[0].sources[0]
     seen = {"name": src.name, "proposals": 0, "invalid": [], "mutated": [], "ends": 0,
             "paths": {}, "successors": {}, "trees": {}}
@@ -494,11 +436,8 @@ def _spy(dec, vocab_size: int) -> None:
             except DraftSourceError as exc:
                 seen["invalid"].append(str(exc))
             else:
-                paths: list[tuple[int, ...]] = []
-                for t, p in zip(prop.tokens, prop.parents):
-                    paths.append((*(paths[p] if p >= 0 else ()), int(t)))
                 mine = seen["paths"].setdefault((seen["ends"], state.step), {})
-                mine.setdefault(state.anchor, set()).update(paths)
+                mine.setdefault(state.anchor, set()).update(_proposal_paths(prop))
         return prop
 
     def spied_observe(verified):
@@ -511,7 +450,7 @@ def _spy(dec, vocab_size: int) -> None:
         return end(output)
 
     src.propose, src.end, src.observe = spied_propose, spied_end, spied_observe
-    if src.provides_successors:  # a successor source drafts through successors()
+    if src.provides_successors:
         successors = src.successors
 
         def spied_successors(token, prev):
@@ -548,81 +487,46 @@ def _kit_sources(mix) -> list[DraftSource]:
     return out
 
 
-class PolicyLosslessnessKit:
-    """The checks a tree policy must pass, as a pytest base class: subclass it in your plugin's tests
-    and implement :meth:`make_policy`. Every check composes your policy with the kit's own sources on
-    Goose's exact toy model (``goose.testing.ToyCausalLM``; oracles ``reference_greedy`` and
-    ``reference_sample``): a Hypothesis-drawn mix, in a drawn order, of :class:`ArbitraryChainSource`
-    (chains, right then wrong, at a drawn confidence), :class:`ArbitraryTreeSource` (trees mixing right
-    and wrong tokens at every depth) and :class:`ArbitrarySuccessorSource` (successors mixing the
-    toy's next token and wrong ones), each with a drawn seed and share of right tokens. Every tree the
-    policy's ``shape`` returns is checked as it leaves the policy: a :class:`~goose.DraftTree` or None,
-    root = ``ctx.state.anchor``, at most ``policy.max_nodes(budget)`` nodes, ids in the vocabulary, and,
-    where the policy credits nodes to sources (``DraftTree.build(sources=...)``), only composed sources,
-    each node credited to a source that drafted it that step (a path of its proposal, or a successor it
-    gave for the node's parent token).
-
-    - ``test_lossless_on_toy``: output identical to greedy decoding for drawn prompts, lengths,
-      budgets, stop tokens and source mixes;
-    - ``test_trees_within_budget_and_valid``: budgets from 1 to :attr:`max_budget`, confident
-      sources (chains at confidence 1.0, where the spine policies extend the budget), longer
-      generations: every tree passes the checks above, and generations equal greedy;
-    - ``test_drafts_from_right_sources``: with sources that are always right, the policy verifies
-      trees of more than the anchor and the generation takes fewer forwards than tokens (unless
-      :attr:`require_drafts` is False);
-    - ``test_generations_on_one_decoder``: several generations in a row on one decoder (the same
-      policy instance: state kept across requests is used), each identical to greedy, the policy's
-      ``begin`` and ``end`` once per generation;
-    - ``test_sampling_is_seed_identical``: sampling (temperature, top-k) with a seeded generator draws
-      exactly what one-token sampling of the toy model draws with the same seed.
-
-    Attributes a subclass may set: ``vocab_size`` (16), ``policy_options`` (None: options for the
-    policy, as ``goose.compose(policy_options=...)`` takes them), ``source_kinds`` (("chain", "tree",
-    "successors"): the kinds drawn from), ``required_kinds`` (()): kinds always composed, e.g.
-    ("successors",) for a policy that needs a successor source), ``max_budget`` (24), ``max_examples``
-    (20: Hypothesis examples per property, a third of them for the slower properties),
-    ``require_drafts`` (True).
+class PolicyLosslessnessKit(_ToyKit):
+    """The checks a tree policy must pass, as a pytest base class: subclass it in your plugin's tests and implement
+    :meth:`make_policy`. Every check composes the policy on the exact toy model with a drawn mix of the kit's
+    sources (:func:`_kit_sources`), and :func:`_policy_spy` checks every tree ``shape`` returns. docs/plugins.md
+    lists the tests and the attributes.
     """
 
-    vocab_size = 16
     policy_options: dict | None = None
     source_kinds: tuple = ("chain", "tree", "successors")
     required_kinds: tuple = ()
     max_budget = 24
     max_examples = 20
     require_drafts = True
+    _later_budgets = (2, 16)
 
     def make_policy(self):  # pragma: no cover - to override
         """The policy under test: a name, ``(name, options)`` or a new instance (one per call)."""
         raise NotImplementedError
 
-    # -- building and running ---------------------------------------------------------------------
+    def _draws(self) -> dict:
+        return {"mix": self._mix()}
+
     def _mix(self, confident: bool = False):
         """Hypothesis strategy: a non-empty tuple of ``(kind, seed, p_oracle, confidence)``, one per source."""
-        from hypothesis import strategies as hs
-
         kinds = tuple(dict.fromkeys(self.source_kinds))
         required = tuple(dict.fromkeys(self.required_kinds))
-        conf = hs.just(1.0) if confident else hs.sampled_from([0.0, 0.5, 1.0])
+        conf = st.just(1.0) if confident else st.sampled_from([0.0, 0.5, 1.0])
 
-        @hs.composite
+        @st.composite
         def mix(draw):
             order = list(required)
-            for k in draw(hs.lists(hs.sampled_from(kinds), unique=True, min_size=0 if order else 1)):
+            for k in draw(st.lists(st.sampled_from(kinds), unique=True, min_size=0 if order else 1)):
                 if k not in order:
-                    order.insert(draw(hs.integers(0, len(order))), k)
-            return tuple((k, draw(hs.integers(0, 2**16)), draw(hs.sampled_from([0.0, 0.3, 0.7, 1.0])), draw(conf))
+                    order.insert(draw(st.integers(0, len(order))), k)
+            return tuple((k, draw(st.integers(0, 2**16)), draw(st.sampled_from([0.0, 0.3, 0.7, 1.0])), draw(conf))
                          for k in order)
 
         return mix()
 
     def _decoder(self, mix, budget: int = 16, eos: int | None = None):
-        import warnings
-
-        import goose
-        from goose.compose import CompositionWarning
-        from goose.testing.toy import ToyCausalLM
-
         model = ToyCausalLM(self.vocab_size, eos_token_id=eos, max_positions=4096)
         with warnings.catch_warnings():  # a drawn mix may hold a source the policy never consults
             warnings.simplefilter("ignore", CompositionWarning)
@@ -634,11 +538,9 @@ class PolicyLosslessnessKit:
     def _generate(self, dec, prompt, max_new: int, **kw):
         """``dec.generate``, then the spy's findings: a tree the policy returned that breaks a rule is an
         AssertionError naming it (also when the loop refused that tree first)."""
-        from goose.errors import GooseError
-
         seen = dec._kit_policy
         try:
-            out = dec.generate(list(prompt), max_new_tokens=max_new, **kw)
+            out = super()._generate(dec, prompt, max_new, **kw)
         except GooseError as exc:
             if seen["violations"]:
                 raise AssertionError(_violations(seen)) from exc
@@ -646,41 +548,19 @@ class PolicyLosslessnessKit:
         assert not seen["violations"], _violations(seen)
         return out
 
-    def _run(self, dec, prompt, max_new: int, eos: int | None):
-        from goose.testing.toy import reference_greedy
-
-        out = self._generate(dec, prompt, max_new, do_sample=False)
-        ref = reference_greedy(prompt, max_new, self.vocab_size, [] if eos is None else [eos])
-        assert out.token_ids == ref, f"diverged: got {out.token_ids}, greedy {ref}"
-        return out
-
-    # -- the checks --------------------------------------------------------------------------------
-    def test_lossless_on_toy(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        @settings(max_examples=self.max_examples, deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=30),
-               max_new=hs.integers(0, 40), budget=hs.integers(1, 16),
-               eos=hs.none() | hs.integers(0, self.vocab_size - 1), mix=self._mix())
-        def prop(prompt, max_new, budget, eos, mix):
-            self._run(self._decoder(mix, budget, eos), prompt, max_new, eos)
-
-        prop()
+    def _check_calls(self, dec, n: int) -> None:
+        seen = dec._kit_policy
+        assert seen["begins"] == n and seen["ends"] == n, (
+            f"{n} generations, but the policy's begin() was called {seen['begins']} times and end() {seen['ends']}")
 
     def test_trees_within_budget_and_valid(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
         @settings(max_examples=max(1, self.max_examples // 2), deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
-               max_new=hs.integers(16, 48), budget=hs.integers(1, self.max_budget),
+        @given(prompt=self._prompt(20), max_new=st.integers(16, 48), budget=st.integers(1, self.max_budget),
                mix=self._mix(confident=True) | self._mix())
         def prop(prompt, max_new, budget, mix):
             dec = self._decoder(mix, budget)
-            self._run(dec, prompt, max_new, None)
-            seen = dec._kit_policy
-            assert seen["shaped"] > 0 or max_new < 2, "the policy's shape() was never called"
+            self._check_greedy(dec, prompt, max_new, None)
+            assert dec._kit_policy["shaped"] > 0 or max_new < 2, "the policy's shape() was never called"
 
         prop()
 
@@ -689,7 +569,7 @@ class PolicyLosslessnessKit:
         for conf in (1.0, 0.0):
             dec = self._decoder(tuple((k, 7, 1.0, conf) for k in kinds), 12)
             for _ in range(2):  # a policy that learns acceptance may start cautious
-                out = self._run(dec, echo_prompt(self.vocab_size, 40), 40, None)
+                out = self._check_greedy(dec, echo_prompt(self.vocab_size, 40), 40, None)
             if not self.require_drafts:
                 return
             seen = dec._kit_policy
@@ -700,46 +580,6 @@ class PolicyLosslessnessKit:
             assert out.stats.forward_passes < 40, (
                 f"with sources that are always right the policy took {out.stats.forward_passes} forwards for 40 tokens")
 
-    def test_generations_on_one_decoder(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
-        @given(prompts=hs.lists(hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
-                                min_size=2, max_size=4),
-               max_new=hs.integers(8, 30), budget=hs.integers(2, 16), mix=self._mix())
-        def prop(prompts, max_new, budget, mix):
-            dec = self._decoder(mix, budget)
-            for prompt in [*prompts, prompts[0]]:
-                self._run(dec, prompt, max_new, None)
-            seen = dec._kit_policy
-            n = len(prompts) + 1
-            assert seen["begins"] == n and seen["ends"] == n, (
-                f"{n} generations, but the policy's begin() was called {seen['begins']} times and end() {seen['ends']}")
-
-        prop()
-
-    def test_sampling_is_seed_identical(self):
-        import torch
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        from goose.testing.toy import reference_sample
-
-        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
-               max_new=hs.integers(8, 30), seed=hs.integers(0, 2**16), budget=hs.integers(2, 16),
-               temperature=hs.sampled_from([0.5, 1.0, 1.5]), top_k=hs.sampled_from([None, 4]), mix=self._mix())
-        def prop(prompt, max_new, seed, budget, temperature, top_k, mix):
-            dec = self._decoder(mix, budget)
-            p = {"do_sample": True, "temperature": temperature, "top_k": top_k}
-            out = self._generate(dec, prompt, max_new, generator=torch.Generator().manual_seed(seed), **p)
-            procs = build_processors(Sampling(**p), len(prompt), [])
-            ref = reference_sample(prompt, max_new, self.vocab_size, procs, torch.Generator().manual_seed(seed))
-            assert out.token_ids == ref, f"sampling diverged: got {out.token_ids}, one-token sampling {ref}"
-
-        prop()
-
 
 def _violations(seen) -> str:
     v = seen["violations"]
@@ -748,10 +588,8 @@ def _violations(seen) -> str:
 
 def _policy_spy(dec, vocab_size: int) -> None:
     """Check, on ``dec._kit_policy``, every tree the decoder's policy returns as it leaves ``shape`` (see
-    :class:`PolicyLosslessnessKit`), recording what each source drafted in that step (the root-to-node
-    paths of its proposal, the successors it gave by parent token) and counting ``begin`` / ``end``."""
-    from goose.tree import DraftTree
-
+    :class:`PolicyLosslessnessKit`), recording what each source drafted in that step (the root-to-node paths of
+    its proposal, the successors it gave by parent token) and counting ``begin`` / ``end``."""
     worker = dec._idle[0]
     policy, sources = worker.policy, worker.sources
     names = {s.name for s in sources}
@@ -763,10 +601,7 @@ def _policy_spy(dec, vocab_size: int) -> None:
         def spied_propose(state, _src=src, _propose=src.propose):
             prop = _propose(state)
             if prop is not None:
-                paths: list[tuple[int, ...]] = []
-                for t, p in zip(prop.tokens, prop.parents):
-                    paths.append((*(paths[p] if 0 <= p < len(paths) else ()), int(t)))
-                step["paths"].setdefault(_src.name, set()).update(paths)
+                step["paths"].setdefault(_src.name, set()).update(_proposal_paths(prop))
             return prop
 
         src.propose = spied_propose
@@ -803,11 +638,7 @@ def _policy_spy(dec, vocab_size: int) -> None:
             bad.append(f"{where}: token ids {out_of_vocab[:3]} outside the vocabulary [0, {vocab_size})")
         if tree.sources is not None:
             for i in range(1, tree.num_nodes):
-                path, j = [], i
-                while j > 0:
-                    path.append(tree.tokens[j])
-                    j = tree.parents[j]
-                path = tuple(reversed(path))
+                path = _path(tree, i)
                 for name in tree.sources[i]:
                     if name not in names:
                         bad.append(f"{where}: node {i} is credited to {name!r}, not a composed source ({sorted(names)})")

@@ -33,12 +33,8 @@ class ToyCausalLM(nn.Module):
         super().__init__()
         from transformers import PretrainedConfig
 
-        self.config = PretrainedConfig(
-            vocab_size=vocab_size,
-            num_hidden_layers=1,
-            max_position_embeddings=max_positions,
-            eos_token_id=eos_token_id,
-        )
+        self.config = PretrainedConfig(vocab_size=vocab_size, num_hidden_layers=1,
+                                       max_position_embeddings=max_positions, eos_token_id=eos_token_id)
         self.config._attn_implementation = "eager"
         self.generation_config = SimpleNamespace(eos_token_id=eos_token_id)
         self.dummy = nn.Parameter(torch.zeros(1), requires_grad=False)
@@ -59,15 +55,9 @@ def _toy_targets(input_ids, attention_mask, position_ids, cache, vocab: int) -> 
     ids = input_ids[0].long()  # [n]
     n = ids.shape[0]
     past = cache.get_seq_length() if cache is not None else 0
-    if position_ids is None:
-        pos = torch.arange(past, past + n)
-    else:
-        pos = position_ids[0].long()
+    pos = torch.arange(past, past + n) if position_ids is None else position_ids[0].long()
     kv = torch.stack([ids, pos], dim=-1).to(torch.float32).view(1, 1, n, 2)
-    if cache is not None:
-        keys, _ = cache.update(kv, kv, 0)
-    else:
-        keys = kv
+    keys = cache.update(kv, kv, 0)[0] if cache is not None else kv
     ktok = keys[0, 0, :, 0].long()  # [L]
     kpos = keys[0, 0, :, 1].long()  # [L]
     L = ktok.shape[0]
@@ -138,50 +128,39 @@ class ToySplitLM(ToyCausalLM):
         return SimpleNamespace(logits=self.lm_head(hidden), cache=cache, past_key_values=cache)
 
 
+def _hash(seq: Sequence[int]) -> int:
+    """``h`` of ``seq`` at positions 0..len-1, every token attended."""
+    h = 0
+    for j, t in enumerate(seq):
+        h = (h + (t + 1) * _weight(j)) % MOD
+    return h
+
+
 def reference_next(seq: Sequence[int], vocab_size: int) -> int:
     """The toy's greedy next token after ``seq``, from scratch (positions 0..len-1, full causal)."""
-    h = 0
-    for j, t in enumerate(seq):
-        h = (h + (t + 1) * ((j * j * 7 + j * 3 + 1) % MOD)) % MOD
-    pos = len(seq) - 1
-    return (h * 31 + pos * 17 + 5) % MOD % vocab_size
+    return _target(_hash(seq), len(seq) - 1, vocab_size)
 
 
-def reference_greedy(
-    prompt: Sequence[int], max_new_tokens: int, vocab_size: int, stop_ids: Sequence[int] = ()
-) -> list[int]:
+def reference_greedy(prompt: Sequence[int], max_new_tokens: int, vocab_size: int, stop_ids: Sequence[int] = ()) -> list[int]:
     """Plain greedy decoding of the toy, no cache, no mask: the losslessness oracle."""
-    seq, out = list(prompt), []
-    h = 0
-    for j, t in enumerate(seq):
-        h = (h + (t + 1) * ((j * j * 7 + j * 3 + 1) % MOD)) % MOD
+    out, h, n = [], _hash(prompt), len(prompt)
     while len(out) < max_new_tokens:
-        pos = len(seq) - 1
-        nxt = (h * 31 + pos * 17 + 5) % MOD % vocab_size
+        nxt = _target(h, n - 1, vocab_size)
         out.append(nxt)
-        seq.append(nxt)
-        j = len(seq) - 1
-        h = (h + (nxt + 1) * ((j * j * 7 + j * 3 + 1) % MOD)) % MOD
+        h = (h + (nxt + 1) * _weight(n)) % MOD
+        n += 1
         if nxt in stop_ids:
             break
     return out
 
 
 def reference_logits(seq: Sequence[int], vocab_size: int) -> torch.Tensor:
-    """The toy's float32 logits row after ``seq``, from scratch: ``-((v - target) mod V)``."""
-    t = reference_next(seq, vocab_size)
-    return -((torch.arange(vocab_size) - t) % vocab_size).to(torch.float32).view(1, -1)
+    """The toy's float32 logits row ``[1, vocab]`` after ``seq``, from scratch."""
+    return _toy_logits(torch.tensor(reference_next(seq, vocab_size)), vocab_size)[0]
 
 
-def reference_sample(
-    prompt: Sequence[int],
-    max_new_tokens: int,
-    vocab_size: int,
-    processors=None,
-    generator: torch.Generator | None = None,
-    stop_ids: Sequence[int] = (),
-    do_sample: bool = True,
-) -> list[int]:
+def reference_sample(prompt: Sequence[int], max_new_tokens: int, vocab_size: int, processors=None,
+                     generator: torch.Generator | None = None, stop_ids: Sequence[int] = (), do_sample: bool = True) -> list[int]:
     """One token at a time, as transformers' sampling loop: processors on the prefix, softmax, one draw."""
     seq, out = list(prompt), []
     while len(out) < max_new_tokens:

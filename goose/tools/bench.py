@@ -13,13 +13,19 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
+import goose
+from goose.errors import GooseError, InvalidInputError
 from goose.hookspecs import hookimpl
-# method specs (presets, SRC+SRC/POLICY{opt=...}) are parsed in the core (goose.specs); tests and
-# scripts also import these names from goose.tools.bench
+# method specs are parsed in the core (goose.specs); tests and scripts import these names from here too
 from goose.specs import BASELINES, PRESETS, check_method, preset, split_methods  # noqa: F401
+from goose.tools import datasets, models
+from goose.tools.plots import bench_plots
+from goose.verifiers import machine
 
 CONTEXT_ORIGINS = ("spine", "pld", "pld-latest", "context")
 RECYCLE_ORIGINS = ("branch", "root-branch", "tr", "tr-original")
@@ -29,17 +35,22 @@ METHODS_HELP = (
     + ", ".join(PRESETS)
     + ", or SRC+SRC/POLICY[/VERIFIER] for any registered components (e.g. pld+tr/iso3, pld+tr/spine/greedy), each with options in "
     "braces (e.g. pld{max_chain=16}+tr{k=4}/spine-fit{spine_source=pld}; a dict or list option in JSON, e.g. "
-    "spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}})"
-)
-
+    "spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}})")
 
 # the warm-up's text: Goose's own, never one of the measured prompts
 WARMUP_TEXT = "Warm-up: list the first ten prime numbers, then the first ten squares, one per line."
 
+# the settings two runs must share to be compared or merged
+COMPARABLE = ("model", "dtype", "threads", "max_new_tokens", "chat", "temperature", "top_k", "top_p", "seed")
+# a results.json without the sampling keys was a greedy run
+GREEDY_META = {"temperature": 0.0, "top_k": None, "top_p": None, "seed": 0}
+# results.json's meta: these arguments of the run, in this order
+META_ARGS = ("model", "dtype", "threads", "max_new_tokens", "datasets", "num_prompts", "chat", "repeats", "warmup",
+             "warm", "samples", "turns", "greedy_from", "temperature", "top_k", "top_p", "seed")
+PROFILE_PARTS = ("forward", "sources", "tree", "mask", "walk", "commit", "harvest", "other")
+
 
 def method_decoder(name: str, model, tok, budget: int | None = None):
-    import goose
-
     kw = dict(preset(name))
     if budget is not None:
         kw["budget"] = budget
@@ -66,15 +77,13 @@ class Runner:
         self.sampling = {k: v for k, v in (sampling or {}).items() if v is not None} if sampling else None
 
     def renew(self) -> None:
-        """A decoder composed afresh: nothing learned on earlier prompts (a source's history, the
-        fit's carried rates, the sources' measured rates) reaches the next one. The latency curve
-        is the process's cached one, so this costs no measurement."""
+        """Compose the decoder afresh, so nothing learned on earlier prompts reaches the next one (the latency
+        curve is the process's cached one: no measurement)."""
         if self.decoder is not None:
             self.decoder = method_decoder(self.method, self.model, self.tok, self.budget)
 
     def run(self, ids, max_new: int | None = None, seed: int = 0) -> tuple[list[int], float, dict]:
-        import torch
-
+        """(tokens, seconds, stats) of one decoding of ``ids``."""
         max_new = self.max_new if max_new is None else max_new
         # greedy said outright: a model whose generation_config samples would sample otherwise
         sample = dict(do_sample=True, **self.sampling) if self.sampling else {"do_sample": False}
@@ -83,22 +92,17 @@ class Runner:
         if self.decoder is not None:
             t0 = time.perf_counter()
             out = self.decoder.generate(ids, max_new_tokens=max_new, **sample)
-            dt = time.perf_counter() - t0
-            return out.token_ids, dt, out.stats.to_dict()
-        kw = dict(max_new_tokens=max_new, do_sample=False, attention_mask=torch.ones_like(ids))
-        kw.update(sample)
+            return out.token_ids, time.perf_counter() - t0, out.stats.to_dict()
+        kw = dict(max_new_tokens=max_new, attention_mask=torch.ones_like(ids), **sample)
         if self.method == "hf-pld":
             kw["prompt_lookup_num_tokens"] = 10
         gen_cfg = getattr(self.model, "generation_config", None)
-        pad = getattr(gen_cfg, "pad_token_id", None)
-        if pad is None:
+        if getattr(gen_cfg, "pad_token_id", None) is None:
             kw["pad_token_id"] = getattr(gen_cfg, "eos_token_id", None) or 0
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(ids, **kw)
-        dt = time.perf_counter() - t0
-        toks = out[0, ids.shape[1] :].tolist()
-        return toks, dt, {}
+        return out[0, ids.shape[1] :].tolist(), time.perf_counter() - t0, {}
 
 
 def first_mismatch(a: list[int], b: list[int]) -> int | None:
@@ -110,8 +114,6 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 
 def top2_gap(model, ids, ref: list[int], pos: int) -> float:
     """Greedy's top-1 minus top-2 logit at generated position ``pos`` (one full forward)."""
-    import torch
-
     seq = torch.cat([ids[0], torch.tensor(ref[:pos], dtype=torch.long)]).view(1, -1)
     with torch.inference_mode():
         logits = model(input_ids=seq).logits[0, -1].float()
@@ -119,102 +121,81 @@ def top2_gap(model, ids, ref: list[int], pos: int) -> float:
     return float(top[0] - top[1])
 
 
-def _rate(per_source: dict, origins) -> tuple[int, int]:
+def _rate(per_source: dict, origins) -> float | None:
+    """Accepted / drafted tokens of the sources ``origins``; None when they drafted nothing."""
     d = sum(per_source.get(o, {}).get("drafted", 0) for o in origins)
     a = sum(per_source.get(o, {}).get("accepted", 0) for o in origins)
-    return d, a
+    return a / d if d else None
 
 
 def summarize(runs: list[Run], methods: list[str]) -> list[dict]:
-    """One row per (dataset, method) with pooled and median speedups against ``ar``."""
+    """One row per (dataset, method), and per method over ``ALL`` datasets, with pooled and median speedups
+    against ``ar``."""
     by_key: dict[tuple[str, str], Run] = {(r.dataset + "\x00" + r.prompt_id, r.method): r for r in runs}
-    datasets = list(dict.fromkeys(r.dataset for r in runs))
     rows = []
-    for ds in [*datasets, "ALL"]:
+    for ds in [*dict.fromkeys(r.dataset for r in runs), "ALL"]:
         prompts = list(dict.fromkeys(r.dataset + "\x00" + r.prompt_id for r in runs if ds in ("ALL", r.dataset)))
         for m in methods:
             mine = [(by_key.get((p, m)), by_key.get((p, "ar"))) for p in prompts]
             mine = [(x, a) for x, a in mine if x is not None and a is not None]
-            if not mine:
-                continue
-            toks = sum(len(x.tokens) for x, _ in mine)
-            secs = sum(x.seconds for x, _ in mine)
-            ar_secs = sum(a.seconds for _, a in mine)
-            ar_toks = sum(len(a.tokens) for _, a in mine)
-            ratios = [
-                (len(x.tokens) / x.seconds) / (len(a.tokens) / a.seconds)
-                for x, a in mine
-                if x.seconds > 0 and a.seconds > 0 and len(a.tokens)
-            ]
-            ident = sum(x.tokens == a.tokens for x, a in mine)
-            fwd = sum((x.stats.get("forward_passes") or 0) for x, _ in mine)
-            per_source: dict = {}
-            steps = accepted_total = 0
-            draft_s = total_s = 0.0
-            for x, _ in mine:
-                for o, d in x.stats.get("per_source", {}).items():
-                    ps = per_source.setdefault(o, {"proposed": 0, "drafted": 0, "accepted": 0})
-                    ps["proposed"] += d.get("proposed", 0)
-                    ps["drafted"] += d["drafted"]
-                    ps["accepted"] += d["accepted"]
-                steps += x.stats.get("steps", 0)
-                accepted_total += sum(v["accepted"] for v in x.stats.get("per_source", {}).values())
-                t = x.stats.get("time_s", {})
-                vt = x.stats.get("extra", {}).get("verifier", {})
-                if vt:  # everything that is not a model forward
-                    draft_s += t.get("total", 0.0) - vt.get("forward", 0.0) - vt.get("prefill_forward", 0.0)
-                else:
-                    draft_s += t.get("draft", 0.0) + t.get("observe", 0.0)
-                total_s += t.get("total", 0.0)
-            cd, ca = _rate(per_source, CONTEXT_ORIGINS)
-            rd, ra = _rate(per_source, RECYCLE_ORIGINS)
-            row = {
-                "dataset": ds,
-                "method": m,
-                "prompts": len(mine),
-                "tokens": toks,
-                "tok_s": toks / secs if secs else 0.0,
-                "speedup_pooled": (toks / secs) / (ar_toks / ar_secs) if secs and ar_secs and ar_toks else None,
-                "speedup_median": statistics.median(ratios) if ratios else None,
-                "identical": ident,
-                "tau": toks / fwd if fwd else None,
-                "mean_accept_len": (accepted_total / steps + 1) if steps else None,
-                "ctx_acc": ca / cd if cd else None,
-                "tr_acc": ra / rd if rd else None,
-                "acc_ratio": (ca / cd) / (ra / rd) if cd and rd and ra else None,
-                "overhead": draft_s / total_s if total_s else None,
-                "per_source": per_source,
-            }
-            rows.append(row)
+            if mine:
+                rows.append(_summary_row(ds, m, mine))
     return rows
+
+
+def _summary_row(ds: str, m: str, mine: list[tuple[Run, Run]]) -> dict:
+    """The row of method ``m`` over its (run, ``ar`` run) pairs ``mine``."""
+    toks, secs = sum(len(x.tokens) for x, _ in mine), sum(x.seconds for x, _ in mine)
+    ar_toks, ar_secs = sum(len(a.tokens) for _, a in mine), sum(a.seconds for _, a in mine)
+    ratios = [(len(x.tokens) / x.seconds) / (len(a.tokens) / a.seconds)
+              for x, a in mine if x.seconds > 0 and a.seconds > 0 and len(a.tokens)]
+    fwd = sum((x.stats.get("forward_passes") or 0) for x, _ in mine)
+    per_source: dict = {}
+    steps = accepted = 0
+    draft_s = total_s = 0.0
+    for x, _ in mine:
+        for o, d in x.stats.get("per_source", {}).items():
+            ps = per_source.setdefault(o, {"proposed": 0, "drafted": 0, "accepted": 0})
+            ps["proposed"] += d.get("proposed", 0)
+            ps["drafted"] += d["drafted"]
+            ps["accepted"] += d["accepted"]
+            accepted += d["accepted"]
+        steps += x.stats.get("steps", 0)
+        t = x.stats.get("time_s", {})
+        vt = x.stats.get("extra", {}).get("verifier", {})
+        if vt:  # everything that is not a model forward
+            draft_s += t.get("total", 0.0) - vt.get("forward", 0.0) - vt.get("prefill_forward", 0.0)
+        else:
+            draft_s += t.get("draft", 0.0) + t.get("observe", 0.0)
+        total_s += t.get("total", 0.0)
+    ctx, tr = _rate(per_source, CONTEXT_ORIGINS), _rate(per_source, RECYCLE_ORIGINS)
+    return {"dataset": ds, "method": m, "prompts": len(mine), "tokens": toks, "tok_s": toks / secs if secs else 0.0,
+            "speedup_pooled": (toks / secs) / (ar_toks / ar_secs) if secs and ar_secs and ar_toks else None,
+            "speedup_median": statistics.median(ratios) if ratios else None,
+            "identical": sum(x.tokens == a.tokens for x, a in mine), "tau": toks / fwd if fwd else None,
+            "mean_accept_len": (accepted / steps + 1) if steps else None, "ctx_acc": ctx, "tr_acc": tr,
+            "acc_ratio": ctx / tr if ctx is not None and tr else None,
+            "overhead": draft_s / total_s if total_s else None, "per_source": per_source}
 
 
 def per_sample(runs: list[Run], methods: list[str]) -> list[dict]:
     """Rows of :func:`summarize` per sample index (dataset column ``#s``), pooled over prompts and datasets."""
-    from dataclasses import replace
-
-    idx = sorted({r.sample for r in runs if r.sample is not None})
     rows = []
-    for s in idx:
+    for s in sorted({r.sample for r in runs if r.sample is not None}):
         mine = [replace(r, dataset=f"#{s}") for r in runs if r.sample == s]
         rows += [row for row in summarize(mine, methods) if row["dataset"] != "ALL"]
     return rows
 
 
-PROFILE_PARTS = ("forward", "sources", "tree", "mask", "walk", "commit", "harvest", "other")
-
-
 def profile(runs: list[Run], methods: list[str]) -> list[dict]:
-    """Per method, pooled over every prompt: milliseconds per decoding step in each part of a step.
+    """Per Goose method, pooled over every prompt: milliseconds per decoding step in each part of a step.
 
-    ``forward``: model forwards (verification; prefill excluded), ``sources``: inside the draft
-    sources (proposals and successor lookups), ``tree``: the rest of shaping the tree, ``mask``:
-    the 4-D mask and position ids, ``walk``: argmax and the greedy walk, ``commit``: the KV cache
-    commit, ``harvest``: feeding the verified logits back to the sources, ``other``: the loop's own
-    bookkeeping. ``ceiling``: tokens per second of model-forward time (prefill included) over
-    greedy's tokens per second, the speedup if everything but the forwards were free, i.e. about
-    tau x (one-token forward time / mean verification-forward time); ``speedup``: tokens/s over
-    greedy's, pooled (as in the main table).
+    ``forward``: model forwards (verification; prefill excluded), ``sources``: inside the draft sources,
+    ``tree``: the rest of shaping the tree, ``mask``: the 4-D mask and position ids, ``walk``: argmax and the
+    greedy walk, ``commit``: the KV cache commit, ``harvest``: feeding the verified logits back to the sources,
+    ``other``: the loop's own bookkeeping. ``ceiling``: tokens per second of model-forward time (prefill
+    included) over greedy's, the speedup if everything but the forwards were free; ``speedup``: tokens/s over
+    greedy's, pooled.
     """
     ar = {(r.dataset, r.prompt_id): r for r in runs if r.method == "ar"}
     rows = []
@@ -223,53 +204,60 @@ def profile(runs: list[Run], methods: list[str]) -> list[dict]:
         if m in BASELINES or not mine or not mine[0].stats.get("time_s"):
             continue
         parts = dict.fromkeys(PROFILE_PARTS, 0.0)
-        steps = 0
-        total = fwd_all = ar_s = method_s = 0.0
-        ar_tok = method_tok = 0
-        split = True
+        steps, total, fwd_all = 0, 0.0, 0.0
         for r in mine:
-            t = r.stats.get("time_s", {})
-            vt = r.stats.get("extra", {}).get("verifier", {})
+            t, vt = r.stats.get("time_s", {}), r.stats.get("extra", {}).get("verifier", {})
             steps += r.stats.get("steps", 0)
             total += t.get("total", 0.0)
-            if "sources" not in t:
-                split = False  # written before sources were timed apart
             parts["sources"] += t.get("sources", 0.0)
             parts["tree"] += t.get("draft", 0.0) - t.get("sources", 0.0)
             parts["harvest"] += t.get("observe", 0.0)
             for k in ("forward", "mask", "walk", "commit"):
                 parts[k] += vt.get(k, 0.0)
             fwd_all += vt.get("forward", 0.0) + vt.get("prefill_forward", 0.0)
-            a = ar[(r.dataset, r.prompt_id)]
-            ar_s += a.seconds
-            ar_tok += len(a.tokens)
-            method_s += r.seconds
-            method_tok += len(r.tokens)
-        known = sum(v for k, v in parts.items() if k != "other")
         prefill = fwd_all - parts["forward"]
-        parts["other"] = max(0.0, total - known - prefill)
+        parts["other"] = max(0.0, total - sum(v for k, v in parts.items() if k != "other") - prefill)
         row = {"method": m, "prompts": len(mine), "steps": steps, "ms_per_step": 1000 * (total - prefill) / steps if steps else None}
-        for k, v in parts.items():
-            row[k] = 1000 * v / steps if steps else None
-        if not split:
-            row["sources"] = None  # only the sum (in "tree") is known
+        row.update({k: 1000 * v / steps if steps else None for k, v in parts.items()})
+        if not all("sources" in r.stats.get("time_s", {}) for r in mine):
+            row["sources"] = None  # a results.json without it holds only the sum, in "tree"
         row["overhead"] = (total - fwd_all) / total if total else None
-        ar_rate = ar_tok / ar_s if ar_s else 0.0  # tokens/s of greedy
+        ar_s = sum(ar[(r.dataset, r.prompt_id)].seconds for r in mine)
+        ar_rate = sum(len(ar[(r.dataset, r.prompt_id)].tokens) for r in mine) / ar_s if ar_s else 0.0  # greedy's tokens/s
+        method_s, method_tok = sum(r.seconds for r in mine), sum(len(r.tokens) for r in mine)
         row["ceiling"] = (method_tok / fwd_all) / ar_rate if fwd_all and ar_rate else None
         row["speedup"] = (method_tok / method_s) / ar_rate if method_s and ar_rate else None
         rows.append(row)
     return rows
 
 
+def _f(v, fmt="{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)])
+
+
 def profile_table(rows: list[dict]) -> str:
-    head = ["method", "steps", "ms/step", *PROFILE_PARTS, "overhead", "ceiling", "speedup"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["method"], str(r["steps"]), _f(r["ms_per_step"], "{:.1f}")]
-        cells += [_f(r[k], "{:.2f}") for k in PROFILE_PARTS]
-        cells += [_f(r["overhead"], "{:.1%}"), _f(r["ceiling"], "{:.2f}x"), _f(r["speedup"], "{:.2f}x")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _md_table(["method", "steps", "ms/step", *PROFILE_PARTS, "overhead", "ceiling", "speedup"], [
+        [r["method"], str(r["steps"]), _f(r["ms_per_step"], "{:.1f}"), *(_f(r[k], "{:.2f}") for k in PROFILE_PARTS),
+         _f(r["overhead"], "{:.1%}"), _f(r["ceiling"], "{:.2f}x"), _f(r["speedup"], "{:.2f}x")] for r in rows])
+
+
+def table(rows: list[dict]) -> str:
+    head = ["dataset", "method", "n", "tokens", "tau", "acc len", "tok/s", "speedup pooled", "speedup median",
+            "identical", "ctx acc", "TR acc", "ratio", "overhead"]
+    return _md_table(head, [
+        [r["dataset"], r["method"], str(r["prompts"]), str(r["tokens"]), _f(r["tau"]), _f(r["mean_accept_len"]),
+         _f(r["tok_s"], "{:.1f}"), _f(r["speedup_pooled"]) + "x", _f(r["speedup_median"]) + "x",
+         f"{r['identical']}/{r['prompts']}", _f(r["ctx_acc"], "{:.3f}"), _f(r["tr_acc"], "{:.3f}"),
+         _f(r["acc_ratio"], "{:.1f}"), _f(r["overhead"], "{:.1%}")] for r in rows])
+
+
+def _form_sizes(lin: dict, form: str) -> list[int]:
+    """The pass sizes at which the verifier's linear layers take ``form``, ascending."""
+    return sorted(int(k) for k, f in lin.get("forms", {}).items() if f == form)
 
 
 def memory_line(runs: list[Run], methods: list[str]) -> str | None:
@@ -282,24 +270,14 @@ def memory_line(runs: list[Run], methods: list[str]) -> str | None:
     if not last:
         return None
     parts = []
-    for m in methods:
-        lin = last.get(m)
-        if lin is None:
-            continue
-        if lin.get("packed"):
-            sizes = sorted(int(k) for k, f in lin.get("forms", {}).items() if f == "packed")
-            at = f" at tree sizes {sizes[0]}-{sizes[-1]}" if sizes else ""
-            parts.append(f"{m} {lin['packed_mib']:,.0f} MiB{at}")
-        else:
-            parts.append(f"{m} 0 MiB (none made)")
+    for m in [m for m in methods if m in last]:
+        sizes = _form_sizes(last[m], "packed")
+        at = f" at tree sizes {sizes[0]}-{sizes[-1]}" if sizes else ""
+        parts.append(f"{m} {last[m]['packed_mib']:,.0f} MiB{at}" if last[m].get("packed") else f"{m} 0 MiB (none made)")
     limit = next(iter(last.values())).get("pack_limit_mib")
     line = ("Memory: packed linear weights of tree passes (one set per model, shared by its decoders; "
             f"limit {limit:,} MiB, verifier option pack_limit_mib): " + ", ".join(parts))
-    streaming = []
-    for m in methods:
-        sizes = sorted(int(k) for k, f in last.get(m, {}).get("forms", {}).items() if f == "stream")
-        if sizes:
-            streaming.append(f"{m} at pass sizes {sizes[0]}-{sizes[-1]}")
+    streaming = [f"{m} at pass sizes {s[0]}-{s[-1]}" for m in methods if (s := _form_sizes(last.get(m, {}), "stream"))]
     if streaming:
         line += ("; the stream kernel (verifiers/stream.py) reads the weights in their own layout, 0 MiB beside them: "
                  + ", ".join(streaming))
@@ -308,8 +286,8 @@ def memory_line(runs: list[Run], methods: list[str]) -> str | None:
 
 def verifier_line(rows: list[dict]) -> str | None:
     """What the verifier alone gives and what drafting adds: Goose's plain steps (``greedy``: one token per
-    pass, no drafts, the verifier's own linear layers and cache) against transformers' greedy, and each
-    drafting method's speedup over those plain steps (pooled over every prompt)."""
+    pass, no drafts) against transformers' greedy, and each drafting method's speedup over those plain steps
+    (pooled over every prompt)."""
     every = {r["method"]: r for r in rows if r["dataset"] == "ALL"}
     plain = every.get("greedy")
     if plain is None or not plain.get("speedup_pooled"):
@@ -323,8 +301,8 @@ def verifier_line(rows: list[dict]) -> str | None:
 
 
 def source_lines(rows: list[dict]) -> str | None:
-    """Accepted / drafted tokens of every source, built-in or not, per method over all datasets, and the tokens
-    it proposed (a node two sources proposed counts for both)."""
+    """Accepted / drafted tokens of every source per method over all datasets, and the tokens it proposed (a node
+    two sources proposed counts for both)."""
     lines = []
     for r in rows:
         if r["dataset"] != "ALL" or not r.get("per_source"):
@@ -337,38 +315,14 @@ def source_lines(rows: list[dict]) -> str | None:
 
 
 def report_md(rows: list[dict], runs: list[Run], methods: list[str], prof: list[dict]) -> str:
-    """The results table, the packed weights' memory line and the profile, as goose bench and report print them."""
+    """The results table, the verifier, source and memory lines and the profile, as goose bench and report print them."""
     md = table(rows)
-    alone = verifier_line(rows)
-    if alone:
-        md += "\n\n" + alone
-    src = source_lines(rows)
-    if src:
-        md += "\n\n" + src
-    mem = memory_line(runs, methods)
-    if mem:
-        md += "\n\n" + mem
+    for line in (verifier_line(rows), source_lines(rows), memory_line(runs, methods)):
+        if line:
+            md += "\n\n" + line
     if prof:
         md += "\n\nProfile (ms per decoding step, pooled over every prompt; docs/bench.md):\n\n" + profile_table(prof)
     return md
-
-
-def _f(v, fmt="{:.2f}") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
-def table(rows: list[dict]) -> str:
-    head = "| dataset | method | n | tokens | tau | acc len | tok/s | speedup pooled | speedup median | identical | ctx acc | TR acc | ratio | overhead |"
-    sep = "|" + "---|" * 14
-    lines = [head, sep]
-    for r in rows:
-        lines.append(
-            f"| {r['dataset']} | {r['method']} | {r['prompts']} | {r['tokens']} | {_f(r['tau'])} | "
-            f"{_f(r['mean_accept_len'])} | {_f(r['tok_s'], '{:.1f}')} | {_f(r['speedup_pooled'])}x | "
-            f"{_f(r['speedup_median'])}x | {r['identical']}/{r['prompts']} | {_f(r['ctx_acc'], '{:.3f}')} | "
-            f"{_f(r['tr_acc'], '{:.3f}')} | {_f(r['acc_ratio'], '{:.1f}')} | {_f(r['overhead'], '{:.1%}')} |"
-        )
-    return "\n".join(lines)
 
 
 def add_parser(sub) -> None:
@@ -409,26 +363,21 @@ def add_parser(sub) -> None:
         "--greedy-from", default=None, metavar="RESULTS",
         help="reuse the greedy (ar) outputs of an earlier run's results.json (same model, dtype, threads, "
         "max_new_tokens, prompt format) instead of decoding them again: for tau and identity checks of "
-        "added methods; its speedups then mix two runs' timings",
-    )
+        "added methods; its speedups then mix two runs' timings")
     b.set_defaults(func=run)
 
 
 def run(args) -> int:
-    """``goose bench``: check the arguments and methods, select the prompts, load the model and compose
-    a runner per method, warm up, decode every prompt with every method in turn, then print the
-    tables and write results.json, results.md and the plots."""
-    import torch
-
-    import goose
-
+    """``goose bench``: check the arguments and methods, select the prompts, load the model and compose a runner
+    per method, warm up, decode every prompt with every method in turn, then print the tables and write
+    results.json, results.md and the plots."""
     torch.set_num_threads(args.threads)
-    samples, turns = _check_args(args)
+    _check_args(args)
     methods = _methods(args.methods)
     prompts = select_prompts(args.datasets, args.data_dir, args.num_prompts)
-    reused = load_greedy(args.greedy_from, args, prompts) if getattr(args, "greedy_from", None) else None
+    reused = load_greedy(args.greedy_from, args, prompts) if args.greedy_from else None
     model, tok, runners = _load_runners(args, methods, reused)
-    b = _Bench(args, model, tok, methods, runners, reused, samples, turns)
+    b = _Bench(args, model, tok, methods, runners, reused)
     if args.warmup:
         _warm_up(b)
     catcher = _TreeCatcher(runners)
@@ -438,35 +387,31 @@ def run(args) -> int:
     finally:
         goose.unregister_plugin("goose-bench-tree-catcher")
     print(file=sys.stderr)
-    rows, prof, by_sample, md = _tables(runs, methods, turns)
+    rows, prof, by_sample, md = _tables(runs, methods, args.turns)
     noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
-    meta = _meta(args, samples, turns)
-    _print_results(args, len(prompts), samples, turns, reused, md, mismatches, noisy)
+    _print_results(args, len(prompts), reused, md, mismatches, noisy)
     if args.out:
-        results = {"meta": meta, "summary": rows, "by_sample": by_sample, "profile": prof, "mismatches": mismatches,
-                   "runs": [r.__dict__ for r in runs]}
+        results = {"meta": _meta(args), "summary": rows, "by_sample": by_sample, "profile": prof,
+                   "mismatches": mismatches, "runs": [r.__dict__ for r in runs]}
         _write_results(Path(args.out), results, md, rows, catcher.best, args.no_plots)
     return 0
 
 
-def _check_args(args) -> tuple[int, int]:
-    """Refuse contradictory sampling, --samples, --turns and --greedy-from settings; return (samples, turns)."""
-    from goose.errors import InvalidInputError
-
-    if getattr(args, "temperature", 0.0) < 0:
+def _check_args(args) -> None:
+    """Refuse contradictory sampling, --samples, --turns and --greedy-from settings."""
+    if args.temperature < 0:
         raise InvalidInputError(f"--temperature {args.temperature}: must be >= 0 (0: greedy). Hint: --temperature 0.7")
-    if not getattr(args, "temperature", 0.0) and (getattr(args, "top_k", None) is not None or getattr(args, "top_p", None) is not None):
+    if not args.temperature and (args.top_k is not None or args.top_p is not None):
         raise InvalidInputError("--top-k and --top-p need --temperature > 0 (greedy decoding draws nothing). Hint: --temperature 0.7 --top-p 0.9")
-    samples, turns = getattr(args, "samples", 1), getattr(args, "turns", 1)
+    samples, turns = args.samples, args.turns
     if samples < 1 or turns < 1:
         raise InvalidInputError(f"--samples {samples} / --turns {turns}: each must be >= 1. Hint: --samples 10")
     if samples > 1 and turns > 1:
         raise InvalidInputError("--samples and --turns cannot be combined. Hint: run them as two benchmarks")
     if turns > 1 and not args.chat:
         raise InvalidInputError(f"--turns {turns} needs --chat: the turns are a conversation. Hint: add --chat")
-    if (samples > 1 or turns > 1) and getattr(args, "greedy_from", None):
+    if (samples > 1 or turns > 1) and args.greedy_from:
         raise InvalidInputError("--greedy-from keeps one greedy output per prompt; it cannot serve --samples or --turns")
-    return samples, turns
 
 
 def _methods(text: str) -> list[str]:
@@ -483,8 +428,6 @@ def _methods(text: str) -> list[str]:
 @contextmanager
 def _naming_method(method: str):
     """A :class:`GooseError` raised inside names ``method`` (``goose: error: method 'pld/chain': ...``), on one line."""
-    from goose.errors import GooseError, InvalidInputError
-
     try:
         yield
     except GooseError as exc:
@@ -498,14 +441,12 @@ def _naming_method(method: str):
 def _load_runners(args, methods: list[str], reused: dict | None) -> tuple:
     """The model, its tokenizer, and one :class:`Runner` per method (none for ``ar`` when its runs are
     reused); with --temperature every runner samples, and no top-2 gap is computed."""
-    from goose.tools import models
-
     t_phase = time.perf_counter()
     model, tok = models.load(args.model, args.dtype)
     _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
     t_phase = time.perf_counter()
     sampling = None
-    if getattr(args, "temperature", 0.0):
+    if args.temperature:
         sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
         args.no_gap = True  # a top-2 gap says nothing about a draw
     runners = {}
@@ -527,8 +468,6 @@ class _Bench:
     methods: list[str]
     runners: dict
     reused: dict | None  # (dataset, prompt id) -> the ar Run of --greedy-from
-    samples: int
-    turns: int
 
     def encode(self, text: str, earlier: tuple = (), answers: tuple = ()):
         """Prompt ids of ``text``; with --chat, the chat template over the earlier turns and answers, then ``text``."""
@@ -542,10 +481,10 @@ class _Bench:
 
 
 def _warm_up(b: _Bench) -> None:
-    """--warmup untimed runs of every runner on :data:`WARMUP_TEXT`."""
+    """--warmup short untimed runs of every runner on :data:`WARMUP_TEXT` (they only prepare kernels and caches)."""
     t_phase = time.perf_counter()
     ids = b.encode(WARMUP_TEXT)
-    for _ in range(b.args.warmup):  # short runs: they only prepare kernels and caches
+    for _ in range(b.args.warmup):
         for m in b.runners:
             b.runners[m].run(ids, max_new=min(b.args.max_new_tokens, 24))
     _note(f"warm-up in {time.perf_counter() - t_phase:.1f}s")
@@ -554,26 +493,24 @@ def _warm_up(b: _Bench) -> None:
 def _interleave(b: _Bench, prompts: list) -> tuple[list[Run], list[dict]]:
     """Every prompt in turn, decoded by every method in turn (each by a freshly composed decoder unless
     --warm); with --out, the runs so far saved after each prompt. Returns the runs and the mismatches."""
-    from goose.verifiers import machine
-
     runs: list[Run] = []
     mismatches: list[dict] = []
     t_start = time.time()
     for k, p in enumerate(prompts):
         for m in b.methods:
-            if not getattr(b.args, "warm", False) and m in b.runners:
-                b.runners[m].renew()  # fresh per-request and cross-request state: the prompt is new to it
+            if not b.args.warm and m in b.runners:
+                b.runners[m].renew()
         _decode_prompt(b, k, p, len(prompts), t_start, runs, mismatches)
-        if b.args.out:  # save as we go: an interrupted run keeps every finished prompt
-            _save(Path(b.args.out), {"meta": {"partial": True, "prompts_done": k + 1, "prompts": len(prompts),
-                                              "machine": {"cpu_line": machine.describe()}}, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
+        if b.args.out:  # an interrupted run keeps every finished prompt
+            meta = {"partial": True, "prompts_done": k + 1, "prompts": len(prompts), "machine": {"cpu_line": machine.describe()}}
+            _save(Path(b.args.out), {"meta": meta, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
     return runs, mismatches
 
 
 def _decode_prompt(b: _Bench, k: int, p, total: int, t_start: float, runs: list[Run], mismatches: list[dict]) -> None:
     """Prompt ``p`` (the k-th of ``total``) decoded by every method: once, or each draw (--samples) or
     turn (--turns) in order; appends the runs, and each output's first difference from ``ar``'s."""
-    samples, turns = b.samples, b.turns
+    samples, turns = b.args.samples, b.args.turns
     subs = samples if samples > 1 else min(turns, max(1, len(p.turns)))
     answers: dict = {m: [] for m in b.methods}
     for s in range(subs):
@@ -601,8 +538,7 @@ def _timed_run(b: _Bench, m: str, ids, p, pid: str, s: int, seed: int) -> Run:
     for _ in range(max(1, b.args.repeats)):
         toks, dt, st = b.runners[m].run(ids, seed=seed)
         times.append(dt)
-    spread = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
-    st["time_spread"] = spread
+    st["time_spread"] = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
     return Run(p.dataset, pid, m, toks, statistics.median(times), st.get("forward_passes"), st,
                None if pid == p.id else s + 1)
 
@@ -616,7 +552,7 @@ def _mismatches(b: _Bench, group: list[Run], p, pid: str, ids) -> list[dict]:
         pos = first_mismatch(r.tokens, ref)
         if pos is not None:
             gap = None
-            if not b.args.no_gap and pos < len(ref) and b.turns == 1:
+            if not b.args.no_gap and pos < len(ref) and b.args.turns == 1:
                 gap = top2_gap(b.model, ids, ref, pos)
             out.append({"dataset": p.dataset, "prompt_id": pid, "method": r.method, "position": pos, "top2_gap": gap})
     return out
@@ -634,57 +570,33 @@ def _tables(runs: list[Run], methods: list[str], turns: int) -> tuple[list[dict]
     return rows, prof, by_sample, md
 
 
-def _meta(args, samples: int, turns: int) -> dict:
+def _meta(args) -> dict:
     """results.json's ``meta``: the command, the machine, the versions and every setting of the run."""
-    import torch
     import transformers
-
-    import goose
-    from goose.verifiers import machine
 
     return {
         "command": "goose " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("goose") else " ".join(sys.argv),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version(),
                     "cpu": machine.cpu(), "cpu_line": machine.describe()},
         "versions": {"goose": goose.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
-        "model": args.model,
-        "dtype": args.dtype,
-        "threads": args.threads,
-        "max_new_tokens": args.max_new_tokens,
-        "datasets": args.datasets,
-        "num_prompts": args.num_prompts,
-        "chat": args.chat,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "warm": bool(getattr(args, "warm", False)),
-        "samples": samples,
-        "turns": turns,
-        "greedy_from": getattr(args, "greedy_from", None),
-        "temperature": getattr(args, "temperature", 0.0),
-        "top_k": getattr(args, "top_k", None),
-        "top_p": getattr(args, "top_p", None),
-        "seed": getattr(args, "seed", 0),
-    }
+        **{k: getattr(args, k) for k in META_ARGS}}
 
 
-def _print_results(args, n_prompts: int, samples: int, turns: int, reused: dict | None, md: str,
-                   mismatches: list[dict], noisy: list[Run]) -> None:
+def _print_results(args, n_prompts: int, reused: dict | None, md: str, mismatches: list[dict], noisy: list[Run]) -> None:
     """The run's header (model, settings, CPU), the tables, the outputs that differ from ``ar``'s and
     a note on noisy timings, on stdout."""
-    from goose.verifiers import machine
-
+    samples, turns = args.samples, args.turns
     print(
         f"\nGoose bench: model {args.model}, {args.dtype}, {args.threads} threads, {n_prompts} prompts, "
         f"max_new_tokens {args.max_new_tokens}; methods interleaved per prompt; speedup vs ar (transformers "
         + (f"sampling at temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seed {args.seed} + prompt index; "
-           "hf-pld samples too; 'identical' = seed-identical to transformers' sampling)\n" if getattr(args, "temperature", 0.0) else "greedy)\n")
+           "hf-pld samples too; 'identical' = seed-identical to transformers' sampling)\n" if args.temperature else "greedy)\n")
         + f"CPU: {machine.describe()}\n"
         + (f"{samples} draws of every prompt per method, in order, by one decoder per prompt and method.\n" if samples > 1 else "")
         + (f"Up to {turns} turns of every prompt, each after the method's own answers, by one decoder per prompt and method.\n"
            if turns > 1 else "")
         + ("WARM: one decoder per method across all prompts (state learned on earlier prompts, and the "
-           "warm-up's, is kept)\n" if getattr(args, "warm", False) else "Each prompt decoded by a freshly composed decoder.\n")
-    )
+           "warm-up's, is kept)\n" if args.warm else "Each prompt decoded by a freshly composed decoder.\n"))
     if reused:
         print(f"Greedy (ar) outputs and timings reused from {args.greedy_from}: compare tau and identity; "
               "speedups mix two runs' timings.\n")
@@ -695,11 +607,10 @@ def _print_results(args, n_prompts: int, samples: int, turns: int, reused: dict 
         for mm in mismatches:
             gap = "-" if mm["top2_gap"] is None else f"{mm['top2_gap']:.4g}"
             print(f"  {mm['dataset']}/{mm['prompt_id']} {mm['method']}: first mismatch at token {mm['position']}, greedy top-2 logit gap {gap}")
+    elif args.temperature:
+        print("Every method's output is identical to transformers' sampling under the same seed on every prompt.")
     else:
-        if getattr(args, "temperature", 0.0):
-            print("Every method's output is identical to transformers' sampling under the same seed on every prompt.")
-        else:
-            print("Every method's output is identical to greedy decoding on every prompt.")
+        print("Every method's output is identical to greedy decoding on every prompt.")
     if noisy:
         print(f"Note: {len(noisy)} runs varied by more than 15% across repeats: the machine was noisy.")
 
@@ -711,13 +622,18 @@ def _write_results(out: Path, results: dict, md: str, rows: list[dict], best, no
     (out / "results.md").write_text(md + "\n")
     print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
     if not no_plots:
-        from goose.tools.plots import bench_plots
-
         pngs = bench_plots(rows, out, best)
         if pngs:
             print("Plots: " + ", ".join(str(x) for x in pngs))
         else:
             print("Plots skipped: matplotlib is not installed (pip install 'goose-spec[plots]')")
+
+
+def _save(out: Path, obj: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(out / "results.json")
 
 
 def _results_file(path: str) -> Path:
@@ -728,29 +644,23 @@ def _results_file(path: str) -> Path:
 
 def load_greedy(path: str, args, prompts: list) -> dict:
     """The ``ar`` runs of an earlier results.json for ``prompts``, checked to be comparable."""
-    from goose.errors import InvalidInputError
-
     f = _results_file(path)
     if not f.is_file():
         raise InvalidInputError(f"--greedy-from {path}: no results file at {f}. Hint: the --out folder of an earlier goose bench")
     data = json.loads(f.read_text())
-    meta = data.get("meta", {})
-    want = {k: getattr(args, k, GREEDY_META.get(k)) for k in COMPARABLE}
-    meta = {**GREEDY_META, **{k: v for k, v in meta.items() if v is not None or k not in GREEDY_META}}
-    differ = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
+    meta = {**GREEDY_META, **{k: v for k, v in data.get("meta", {}).items() if v is not None or k not in GREEDY_META}}
+    differ = {k: (meta.get(k), getattr(args, k)) for k in COMPARABLE if meta.get(k) != getattr(args, k)}
     if differ:
         what = ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
         raise InvalidInputError(
             f"--greedy-from {path}: that run is not comparable ({what}); greedy outputs are reused only from a run "
-            "with the same model, dtype, threads, max_new_tokens and prompt format"
-        )
+            "with the same model, dtype, threads, max_new_tokens and prompt format")
     ar = {(r["dataset"], r["prompt_id"]): Run(**r) for r in data.get("runs", []) if r.get("method") == "ar"}
     missing = [f"{p.dataset}/{p.id}" for p in prompts if (p.dataset, p.id) not in ar]
     if missing:
         raise InvalidInputError(
             f"--greedy-from {path}: no greedy output there for {len(missing)} selected prompt(s), e.g. {missing[:3]}. "
-            "Hint: select prompts that run covered, or drop --greedy-from"
-        )
+            "Hint: select prompts that run covered, or drop --greedy-from")
     for r in ar.values():
         r.stats = {**r.stats, "reused_from": str(f)}
     return ar
@@ -758,37 +668,32 @@ def load_greedy(path: str, args, prompts: list) -> dict:
 
 def _count(text: str, what: str, example: str) -> int:
     """A prompt count given on the command line: a whole number >= 1, or a clear error."""
-    from goose.errors import InvalidInputError
-
     if not text.strip().isdigit() or int(text) < 1:
         raise InvalidInputError(f"{what}: {text!r} is not a prompt count; it must be a whole number >= 1 (e.g. {example})")
     return int(text)
 
 
 def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | None = None) -> list:
-    """The prompts of ``--datasets`` (``name[@N]`` or ``name@FIRST-LAST``, comma-separated), interleaved round-robin."""
-    from goose.tools import datasets
-    from goose.errors import InvalidInputError
-
+    """The prompts of ``--datasets``, interleaved round-robin: comma-separated ``name``, ``name@N`` (its first N
+    prompts) or ``name@FIRST-LAST`` (1-based, inclusive); a split (``tune``, ``measure``) stands for its datasets,
+    ``measure@5`` for the first 5 prompts of each."""
     if num_prompts is not None:
         _count(str(num_prompts), "--num-prompts", "--num-prompts 20")
-    prompts = []
     items = []
     for item in [d.strip() for d in spec.split(",") if d.strip()]:
-        # a split ("tune", "measure") stands for its datasets; "measure@5": its first 5 of each
         name, at, count = item.partition("@")
-        if name in datasets.SPLITS:
-            for part in datasets.SPLITS[name].split(","):
-                if at:
-                    base, _, rng = part.partition("@")
-                    lo = int(rng.split("-")[0])
-                    n = _count(count, f"--datasets {item}", f"{name}@5")
-                    part = f"{base}@{lo}-{lo + n - 1}"
-                items.append(part)
-        else:
+        if name not in datasets.SPLITS:
             items.append(item)
+            continue
+        for part in datasets.SPLITS[name].split(","):
+            if at:
+                base, _, rng = part.partition("@")
+                lo = int(rng.split("-")[0])
+                n = _count(count, f"--datasets {item}", f"{name}@5")
+                part = f"{base}@{lo}-{lo + n - 1}"
+            items.append(part)
+    prompts = []
     for item in items:
-        # "spec_bench:summarization@2": the first 2 prompts; "humaneval@8-20": prompts 8 to 20 (1-based, inclusive)
         name, at, count = item.partition("@")
         first, dash, last = count.partition("-") if at else ("", "", "")
         if dash and first:
@@ -797,8 +702,7 @@ def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | No
             if end < start:
                 raise InvalidInputError(
                     f"--datasets {item}: the range {start}-{end} ends before it starts; "
-                    f"give FIRST-LAST with FIRST <= LAST (e.g. {name}@8-20)"
-                )
+                    f"give FIRST-LAST with FIRST <= LAST (e.g. {name}@8-20)")
             lo, hi = start - 1, end
         else:
             lo, hi = 0, _count(count, f"--datasets {item}", f"{name}@3") if at else num_prompts
@@ -806,19 +710,11 @@ def select_prompts(spec: str, data_dir: str | None = None, num_prompts: int | No
         if lo >= len(ps):
             raise InvalidInputError(
                 f"--datasets {item}: {name} has {len(ps)} prompts, so a range cannot start at prompt {lo + 1}. "
-                f"Hint: {name}@1-{len(ps)}"
-            )
+                f"Hint: {name}@1-{len(ps)}")
         prompts.extend(ps[lo:hi] if hi else ps[lo:])
     if not prompts:
         raise InvalidInputError(f"no prompts selected by --datasets {spec!r}. Hint: --datasets demo")
     return _round_robin(prompts)
-
-
-def _save(out: Path, obj: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(out / "results.json")
 
 
 def _round_robin(prompts: list) -> list:
@@ -832,19 +728,9 @@ def _round_robin(prompts: list) -> list:
     return out
 
 
-COMPARABLE = ("model", "dtype", "threads", "max_new_tokens", "chat", "temperature", "top_k", "top_p", "seed")
-# what a run recorded before sampling existed (no such keys) meant
-GREEDY_META = {"temperature": 0.0, "top_k": None, "top_p": None, "seed": 0}
-
-
 def merge_runs(paths: list[str]) -> list[Run]:
-    """The runs of several results.json files, each (prompt, method) from the first file that has it.
-
-    The files must come from comparable runs (same model, dtype, threads, max_new_tokens, prompt
-    format) and agree on every greedy output they share; otherwise a clear error.
-    """
-    from goose.errors import InvalidInputError
-
+    """The runs of several results.json files, each (prompt, method) from the first file that has it. The files
+    must come from comparable runs and agree on every greedy output they share; otherwise a clear error."""
     merged: dict[tuple[str, str, str], Run] = {}
     where: dict[tuple[str, str, str], str] = {}
     meta0, path0 = None, None
@@ -858,28 +744,24 @@ def merge_runs(paths: list[str]) -> list[Run]:
             raise InvalidInputError(f"goose report: {path} is not comparable with {path0} ({what}); merge only runs of one setting")
         for r in (Run(**x) for x in data["runs"]):
             key = (r.dataset, r.prompt_id, r.method)
-            if key in merged:
-                if r.method == "ar" and r.tokens != merged[key].tokens:
-                    raise InvalidInputError(
-                        f"goose report: the greedy outputs of {r.dataset}/{r.prompt_id} differ between {where[key]} and "
-                        f"{path} (first mismatch at token {first_mismatch(r.tokens, merged[key].tokens)}); these runs are "
-                        "not comparable"
-                    )
-                continue
-            merged[key], where[key] = r, path
+            if key not in merged:
+                merged[key], where[key] = r, path
+            elif r.method == "ar" and r.tokens != merged[key].tokens:
+                raise InvalidInputError(
+                    f"goose report: the greedy outputs of {r.dataset}/{r.prompt_id} differ between {where[key]} and "
+                    f"{path} (first mismatch at token {first_mismatch(r.tokens, merged[key].tokens)}); these runs are "
+                    "not comparable")
     return list(merged.values())
 
 
 def summarize_file(
     path: str | list[str], first: dict[str, int] | None = None, methods: list[str] | None = None
 ) -> tuple[str, list[dict], list[Run]]:
-    """The table of one or more (possibly partial) results.json files; ``first`` keeps the first N
-    prompts per dataset, ``methods`` the given methods (``ar`` always)."""
+    """The table of one or more (possibly partial) results.json files, over the prompts every method finished;
+    ``first`` keeps the first N prompts per dataset, ``methods`` the given methods (``ar`` always)."""
     runs = merge_runs([path] if isinstance(path, str) else list(path))
     wanted = None
     if methods:
-        from goose.errors import InvalidInputError
-
         have = list(dict.fromkeys(r.method for r in runs))
         absent = [m for m in methods if m not in have]
         if absent:
@@ -887,14 +769,11 @@ def summarize_file(
         wanted = ["ar", *[m for m in methods if m != "ar"]]
         runs = [r for r in runs if r.method in wanted]
     if first:
-        order: dict[str, list[str]] = {}
+        order: dict[str, dict] = {}  # prompt ids per dataset, in order
         for r in runs:
-            ids = order.setdefault(r.dataset, [])
-            if r.prompt_id not in ids:
-                ids.append(r.prompt_id)
-        keep = {(d, i) for d, ids in order.items() if d in first for i in ids[: first[d]]}
+            order.setdefault(r.dataset, {})[r.prompt_id] = None
+        keep = {(d, i) for d, ids in order.items() if d in first for i in list(ids)[: first[d]]}
         runs = [r for r in runs if (r.dataset, r.prompt_id) in keep]
-    # only prompts every method finished
     methods = wanted or list(dict.fromkeys(r.method for r in runs))
     done = {}
     for r in runs:
@@ -909,16 +788,13 @@ def add_report_parser(sub) -> None:
     r.add_argument(
         "results", nargs="+",
         help="path(s) to results.json; several comparable runs are merged, each (prompt, method) from the first "
-        "file that has it, greedy outputs checked equal",
-    )
+        "file that has it, greedy outputs checked equal")
     r.add_argument("--first", default=None, help="keep the first N prompts per dataset, e.g. humaneval=3,gsm8k=3")
     r.add_argument("--methods", default=None, help="keep these methods (comma-separated; ar always), in this order")
     r.set_defaults(func=_report)
 
 
 def _report(args) -> int:
-    from goose.errors import InvalidInputError
-
     paths = []
     for res in args.results:
         f = _results_file(res)
@@ -935,8 +811,7 @@ def _report(args) -> int:
             first[name] = _count(count, f"--first {item}", f"{name}=3")
     methods = split_methods(args.methods) if args.methods else None
     md, rows, runs = summarize_file(paths, first, methods)
-    n = len({(r.dataset, r.prompt_id) for r in runs})
-    print(f"{n} prompts with every method finished\n")
+    print(f"{len({(r.dataset, r.prompt_id) for r in runs})} prompts with every method finished\n")
     cpus = []
     for f in paths:
         try:
@@ -967,8 +842,7 @@ class _TreeCatcher:
         if step.tree.num_nodes < 3 or not any(r.decoder is decoder for r in self.runners.values()):
             return
         tree = step.tree
-        branched = not tree.is_chain
-        key = (branched, min(tree.num_nodes, 40) * (1 + len(step.verified.path)), tree.num_nodes)
+        key = (not tree.is_chain, min(tree.num_nodes, 40) * (1 + len(step.verified.path)), tree.num_nodes)
         if key > self.key:
             self.key, self.best = key, step
 
@@ -980,6 +854,5 @@ def _note(msg: str) -> None:
 def _progress(k, n, p, m, t0) -> None:
     if not sys.stderr.isatty():
         return
-    el = time.time() - t0
-    sys.stderr.write(f"\r[{k + 1}/{n}] {p.dataset}/{p.id} {m:<16} {el:6.0f}s elapsed   ")
+    sys.stderr.write(f"\r[{k + 1}/{n}] {p.dataset}/{p.id} {m:<16} {time.time() - t0:6.0f}s elapsed   ")
     sys.stderr.flush()

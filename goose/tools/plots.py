@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -16,8 +17,25 @@ def _plt():
     return plt
 
 
+def _bars(plt, groups: list[str], series: dict[str, list[float]], figsize) -> tuple:
+    """A grouped bar chart: one group of bars per ``groups`` entry, one bar per ``series`` entry in each."""
+    fig, ax = plt.subplots(figsize=figsize)
+    width = 0.8 / len(series)
+    for j, (label, vals) in enumerate(series.items()):
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=20)
+    return fig, ax
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def bench_plots(rows: list[dict], out: Path, tree_step=None) -> list[Path]:
-    """speedup and tau per dataset and method; acceptance by source; one drawn tree. Returns paths."""
+    """speedup and tau per dataset and method; acceptance by source; one drawn tree. Returns the paths written."""
     plt = _plt()
     if plt is None:
         return []
@@ -29,48 +47,28 @@ def bench_plots(rows: list[dict], out: Path, tree_step=None) -> list[Path]:
     for key, label, fname in [
         ("speedup_pooled", "speedup over greedy (pooled)", "speedup.png"),
         ("speedup_median", "speedup over greedy (median per prompt)", "speedup_median.png"),
-        ("tau", "tau (tokens per forward pass)", "tau.png"),
-    ]:
+        ("tau", "tau (tokens per forward pass)", "tau.png")]:
         ms = [m for m in methods if any(by.get((d, m), {}).get(key) is not None for d in datasets)]
         if not ms:
             continue
-        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(datasets) * max(1, len(ms)) / 3), 4))
-        width = 0.8 / len(ms)
-        for j, m in enumerate(ms):
-            vals = [by.get((d, m), {}).get(key) or 0.0 for d in datasets]
-            xs = [i + j * width for i in range(len(datasets))]
-            ax.bar(xs, vals, width, label=m)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets, rotation=20)
+        series = {m: [by.get((d, m), {}).get(key) or 0.0 for d in datasets] for m in ms}
+        fig, ax = _bars(plt, datasets, series, (max(6, 1.3 * len(datasets) * max(1, len(ms)) / 3), 4))
         if key.startswith("speedup"):
             ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_ylabel(label)
         ax.legend(fontsize=8, ncol=min(4, len(ms)))
-        fig.tight_layout()
-        p = out / fname
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
-    # acceptance by source
+        paths.append(_save(plt, fig, out / fname))
     ms = [m for m in methods if by.get(("ALL", m), {}).get("per_source")]
     if ms:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        origins = sorted({o for m in ms for o in by[("ALL", m)]["per_source"]})
-        width = 0.8 / len(origins)
-        for j, o in enumerate(origins):
-            vals = []
-            for m in ms:
-                d = by[("ALL", m)]["per_source"].get(o, {})
-                vals.append(d.get("accepted", 0) / d["drafted"] if d.get("drafted") else 0.0)
-            ax.bar([i + j * width for i in range(len(ms))], vals, width, label=o)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(ms))], ms, rotation=20)
+        sources = [by[("ALL", m)]["per_source"] for m in ms]
+        origins = sorted({o for ps in sources for o in ps})
+        series = {o: [ps.get(o, {}).get("accepted", 0) / ps[o]["drafted"] if ps.get(o, {}).get("drafted") else 0.0
+                      for ps in sources] for o in origins}
+        fig, ax = _bars(plt, ms, series, (7, 4))
         ax.set_ylabel("accepted / drafted nodes")
         ax.set_title("acceptance by source (all datasets)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = out / "acceptance.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(_save(plt, fig, out / "acceptance.png"))
     if tree_step is not None:
         p = out / "tree.png"
         draw_tree(tree_step.tree, tree_step.verified.path, p, title=f"step {tree_step.step}: route {tree_step.tree.route}")
@@ -100,8 +98,6 @@ def draw_tree(tree, path, file: Path, title: str = "") -> None:
             place(c)
         y[i] = sum(y[c] for c in ch) / len(ch)
 
-    import sys
-
     sys.setrecursionlimit(max(1000, 4 * n))
     place(0)
     acc = set(path)
@@ -120,6 +116,4 @@ def draw_tree(tree, path, file: Path, title: str = "") -> None:
     ax.set_yticks([])
     ax.set_title(title or f"draft tree: {n} nodes, accepted {len(path) - 1}")
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(file, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, file)

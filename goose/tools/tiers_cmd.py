@@ -1,12 +1,8 @@
 """``goose tiers``: measure a chain source's acceptance per confidence tier and store it (:mod:`goose.policies.tiers`).
 
-    goose tiers --source pld --model smollm2 --data-dir DATA [--datasets tune] [--floors 1.0,0.7]
-
-For each prompt, the model's greedy output; at every position of it, what the source proposes from
-the prompt and the tokens before, and how many of its tokens the output continues with. Per tier
-of the source's confidence: p_1 of each prompt's first proposal in that tier and the rate of depth
-d >= 2 given d - 1, stored as Wilson lower bounds in ``<source>@<version>@<model>.json`` in the user store
-(``$GOOSE_TIERS_DIR``, default ``~/.cache/goose/tiers``), where :func:`goose.policies.tiers.load` finds them.
+At every position of the model's greedy output of each prompt: what the source proposes, and how many of its
+tokens the output continues with. Per confidence tier, p_1 and the rate of depth d >= 2 given d - 1 are stored
+as Wilson lower bounds in the user store (``$GOOSE_TIERS_DIR``), where :func:`goose.policies.tiers.load` finds them.
 """
 
 from __future__ import annotations
@@ -14,6 +10,16 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+
+import torch
+
+from goose.errors import InvalidInputError, UnknownComponentError
+from goose.interfaces import DraftSource
+from goose.manager import build_component
+from goose.policies import tiers as tiers_mod
+from goose.specs import preset, split_top
+from goose.tools import models
+from goose.tools.bench import select_prompts
 
 
 def add_parser(sub) -> None:
@@ -36,9 +42,6 @@ def add_parser(sub) -> None:
 
 
 def parse_floors(text: str) -> tuple[float, ...]:
-    from goose.errors import InvalidInputError
-    from goose.policies.tiers import check_floors
-
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -46,18 +49,11 @@ def parse_floors(text: str) -> tuple[float, ...]:
             f"--floors {text!r}: not a comma-separated list of numbers. Allowed: confidences in [0, 1], highest "
             "first, strictly decreasing. Hint: --floors 1.0,0.7"
         ) from None
-    return check_floors(values, f"--floors {text}")
+    return tiers_mod.check_floors(values, f"--floors {text}")
 
 
 def build_source(spec: str):
-    """The one source instance of ``--source SPEC`` (a registered name, options in braces), checked to be a
-    chain source."""
-    from goose.errors import InvalidInputError, UnknownComponentError
-    from goose.interfaces import DraftSource
-    from goose.manager import build_component
-    from goose.specs import split_top, preset
-    from goose.policies.tiers import check_chain_source
-
+    """The one source of ``--source SPEC`` (a registered name, options in braces), checked to be a chain source."""
     spec = (spec or "").strip()
     hint = "Hint: --source pld, or --source pld{max_chain=16}"
     if not spec:
@@ -65,20 +61,17 @@ def build_source(spec: str):
     if len(split_top(spec, "/")) > 1 or len(split_top(spec, "+")) > 1:
         raise InvalidInputError(
             f"--source {spec!r}: tiers are measured one source at a time, not a method or several sources. "
-            f"Allowed: one registered source name, options in braces. {hint}"
-        )
+            f"Allowed: one registered source name, options in braces. {hint}")
     (one,) = preset(spec + "/chain")["sources"]
     try:
         src = build_component("source", one, DraftSource, None)
     except UnknownComponentError as exc:
         raise InvalidInputError(f"--source {spec!r}: {exc} {hint}") from None
-    check_chain_source(src)
+    tiers_mod.check_chain_source(src)
     return src
 
 
 def _check_args(args) -> None:
-    from goose.errors import InvalidInputError
-
     for flag, value, hint in (("--max-new-tokens", args.max_new_tokens, "64"), ("--threads", args.threads, "2")):
         if value < 1:
             raise InvalidInputError(f"{flag} {value}: must be >= 1. Hint: {flag} {hint}")
@@ -95,13 +88,6 @@ def record_of(src, args, datasets: str, tiers, measured, model_key: str | None =
 
 
 def run(args) -> int:
-    import torch
-
-    from goose.policies import tiers as tiers_mod
-    from goose.errors import InvalidInputError
-    from goose.tools import models
-    from goose.tools.bench import select_prompts
-
     _check_args(args)
     floors = parse_floors(args.floors)
     src = build_source(args.source)
@@ -115,24 +101,20 @@ def run(args) -> int:
         raise InvalidInputError(
             f"source {src.name!r} proposed nothing along {args.model}'s greedy outputs of {len(prompts)} prompts "
             f"(--datasets {datasets}): nothing to store. Hint: more or longer outputs (--datasets, "
-            "--max-new-tokens), or prompts where the source has something to copy"
-        )
+            "--max-new-tokens), or prompts where the source has something to copy")
     tiers, measured = tiers_mod.summarize(rows, floors, args.z)
     per = Counter(r["dataset"] for r in rows)
     print(f"{src.name}@{version} proposals along {args.model}'s greedy outputs ({args.max_new_tokens} tokens, "
           f"{len(prompts)} prompts, --datasets {datasets}): {len(rows)} ({dict(per)})")
     print(tiers_mod.table(rows, floors, args.z))
-    print(f"(stored: the Wilson lower bound at z = {args.z:g} of each rate, 3 decimals)")
-    print()
-    print(tiers_mod.by_depth(rows, floors))
-    print()
+    print(f"(stored: the Wilson lower bound at z = {args.z:g} of each rate, 3 decimals)\n")
+    print(tiers_mod.by_depth(rows, floors) + "\n")
     print(f"tiers: {[list(t) for t in tiers]}")
     if not tiers:
         raise InvalidInputError(
             f"every proposal of {src.name!r} fell below the lowest floor {floors[-1]} (confidences "
             f"{min(r['confidence'] for r in rows):.2f}-{max(r['confidence'] for r in rows):.2f}): no tier to store. "
-            "Hint: a lower floor, e.g. --floors 1.0,0.7,0.0"
-        )
+            "Hint: a lower floor, e.g. --floors 1.0,0.7,0.0")
     if args.dry_run:
         print("--dry-run: nothing written")
         return 0
@@ -144,8 +126,6 @@ def run(args) -> int:
 
 
 def _explain(path, name: str, version: str, key: str) -> None:
-    from goose.policies import tiers as tiers_mod
-
     here = path.resolve()
     looked = [d.resolve() / tiers_mod.file_name(name, version, key) for d in (tiers_mod.store_dir(), tiers_mod.shipped_dir())]
     if here in looked:
