@@ -32,11 +32,11 @@ from goose.vllm import Proposer  # noqa: E402
 
 
 class Alternating(Proposer):
-    """Goose's proposer, its plan kept in even blocks of ``block`` steps and zeroed in odd ones; never resting.
+    """Goose's proposer, its plan kept in even blocks of ``block`` steps and zeroed in odd ones (it rests as the
+    proposer does).
     ``log``: per call, (time, decoding requests, tokens sampled, drafted, prompt steps so far, propose seconds)."""
 
     block = int(os.environ.get("GOOSE_AB_BLOCK", "8"))
-    rest_window = 1 << 62
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

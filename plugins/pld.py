@@ -18,6 +18,11 @@ from goose.hookspecs import hookimpl
 from goose.interfaces import DraftSource, DraftState, Options, Proposal, Request
 
 
+EXTEND_ABOVE = 0.6  # a chain is extended when its confidence exceeds this
+MAX_EXTENDED = 100  # cap on an extended chain (times its confidence)
+LONG_MATCH = 8  # a match this long counts as a long match
+
+
 class PLDOptions(Options):
     ngram_sizes: tuple[int, ...] = Field((5, 4, 3), description="n-gram sizes tried, longest first")
     max_chain: int = Field(20, ge=1, le=4096, description="tokens copied per match")
@@ -25,9 +30,6 @@ class PLDOptions(Options):
         "earliest", description="which earlier occurrence to copy from (classic PLD uses 'latest')"
     )
     extend: bool = Field(True, description="chain extension: re-query from the end of the draft")
-    extend_above: float = Field(0.6, ge=0.0, le=1.0, description="extend when confidence exceeds this")
-    max_extended: int = Field(100, ge=1, description="cap on an extended chain (times confidence)")
-    long_match: int = Field(8, ge=1, description="a match this long counts as a long match")
 
     @field_validator("ngram_sizes")
     @classmethod
@@ -86,7 +88,7 @@ class NgramIndex:
         return None
 
 
-def confidence(length: int, consensus: bool, long_match: int = 8) -> float:
+def confidence(length: int, consensus: bool, long_match: int = LONG_MATCH) -> float:
     """The reference confidence score of a context match of ``length`` tokens."""
     if length <= 0:
         return 0.0
@@ -123,10 +125,10 @@ class PLDSource(DraftSource):
         chain = self._copy(tokens, ent, o.max_chain)
         if not chain:
             return None
-        conf = confidence(len(chain), consensus, o.long_match)
+        conf = confidence(len(chain), consensus)
         base_len = len(chain)
-        if o.extend and conf > o.extend_above:
-            cap = min(o.max_extended, int(100 * conf))
+        if o.extend and conf > EXTEND_ABOVE:
+            cap = min(MAX_EXTENDED, int(100 * conf))
             tail = list(tokens[-max(o.ngram_sizes) :])
             while len(chain) < cap:
                 hit = self.index.lookup(tail + chain)

@@ -33,7 +33,7 @@ from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, TreePolicy
 from goose.policies.chains import CHAIN, SPINE, Drafted, chain_trie, gather, rank
-from goose.policies.merge import TRUST_MIN, MergingPolicy, spine_and_successors
+from goose.policies.merge import MIN_SCORE, TRUST_MIN, MergingPolicy, spine_and_successors
 from goose.policies.spine import BRANCH, ROOT_BRANCH
 from goose.tree import ROOT, DraftTree
 
@@ -54,7 +54,6 @@ class IsotropicOptions(Options):
         description="a chain's confidence buys the extension only while its (source, confidence tier) has a measured "
         "depth-1 rate of at least this",
     )
-    min_score: float = Field(0.01, ge=0.0, lt=1.0, description="successors scoring below this are not drafted")
 
 
 class IsotropicPolicy(MergingPolicy):
@@ -94,7 +93,7 @@ class IsotropicPolicy(MergingPolicy):
         # the chains' trie, best-ranked first: a node's chain children come in rank order
         kids, vouch, lead_nodes = chain_trie(ranked)
 
-        k, min_score = o.k, o.min_score
+        k, min_score = o.k, MIN_SCORE
         maxd = min(o.max_depth, st.max_depth)
         tokens = [anchor]
         parents = [-1]
@@ -154,12 +153,13 @@ class IsotropicPolicy(MergingPolicy):
 # ---------------------------------------------------------------------------------------------
 # Token Recycling's static tree
 # ---------------------------------------------------------------------------------------------
+TR_TREE_K = 8  # successor ranks a parent may use (the original token recycling's K)
+
+
 class TRTreeOptions(Options):
     widths: tuple[int, ...] = Field(
         (8, 21, 25, 15, 8, 3), description="nodes per level at depths 1, 2, ... (Token Recycling: 80 nodes)"
     )
-    k: int = Field(8, ge=1, le=64, description="successor ranks a parent may use (the original K = 8)")
-    min_score: float = Field(0.0, ge=0.0, lt=1.0, description="drop slots whose successor scores below this")
 
     @field_validator("widths")
     @classmethod
@@ -196,7 +196,7 @@ class TRTreePolicy(TreePolicy):
 
     def __init__(self, options: TRTreeOptions | None = None):
         super().__init__(options)
-        self.slots = static_tree(tuple(self.options.widths), self.options.k)
+        self.slots = static_tree(tuple(self.options.widths), TR_TREE_K)
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
         if not any(s.provides_successors for s in sources):
@@ -213,7 +213,7 @@ class TRTreePolicy(TreePolicy):
         root = ctx.successors(st.anchor, st.prev_anchor)
         if not len(root.ids):
             return None
-        budget, depth_cap, min_score = ctx.budget, st.max_depth, self.options.min_score
+        budget, depth_cap, min_score = ctx.budget, st.max_depth, 0.0
         tokens = [st.anchor]
         parents = [-1]
         origins = [ROOT]

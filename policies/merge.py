@@ -17,6 +17,7 @@ from goose.interfaces import DraftSource, Options, TreePolicy
 from goose.policies.rates import SourceRates
 
 
+MIN_SCORE = 0.01  # successors scoring below this are not drafted (the merging policies' branches)
 TRUST_MIN = 0.2  # the depth-1 rate below which a (source, tier)'s confidence buys nothing (policies' trust_min)
 
 

@@ -53,7 +53,7 @@ from goose.branches import Successors
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.policies.chains import CHAIN, SPINE, Drafted, Merged, Trie, gather, gather_alternatives, merge, rank
-from goose.policies.merge import TRUST_MIN, MergingPolicy, chain_sources, load_tiers, resolve_spine_source
+from goose.policies.merge import MIN_SCORE, TRUST_MIN, MergingPolicy, chain_sources, load_tiers, resolve_spine_source
 from goose.policies.rates import SourceRates
 from goose.tree import ROOT, DraftTree
 
@@ -93,25 +93,22 @@ def spine_ratio(ema: float, tiers: Sequence[float], cutoffs: Sequence[float]) ->
 # ---------------------------------------------------------------------------------------------
 # The raw spine tree builder
 # ---------------------------------------------------------------------------------------------
+# the spine tree's internal tuning (the paper's defaults where it gives them)
+SIDE_SHARE = 0.5  # at most this share of the branch budget goes to other sources' chains where they leave the spine
+SIDE_MIN = 0.05  # a side chain's node is drafted while its source's rate of being right from the fork on is at least this
+RATE_PRIOR, RATE_WEIGHT = 0.25, 4.0  # a chain source's per-depth acceptance before it is measured, and its weight
+RATE_CARRY = 0.5  # share of the measured source rates carried into the decoder's next generation
+TIER_CUTOFFS = (0.2, 0.4)  # spine-acceptance EMA cut-offs between the tiers of the spine's budget share
+EMA_INIT, EMA_WEIGHT = 0.5, 0.3  # the spine acceptance EMA: its start per request, the newest cycle's weight
+SPINE_BRANCH_SHARE = 0.5  # share of the branch budget hung off spine nodes (the rest under the root)
+MAX_BRANCH_DEPTH = 6  # branches are extended only while shallower than this
+TOP_K = 10  # K of the branches' width cap max(1, K // depth)
+
+
 class SpineOptions(Options):
     spine_source: str | None = Field(
         None, description="source whose chain always forms the spine when it proposes; None: the chain "
         "with the most expected accepted tokens under each source's measured acceptance (policies/chains.py)"
-    )
-    side_share: float = Field(
-        0.5, ge=0.0, le=1.0,
-        description="at most this share of the branch budget goes to other sources' chains where they leave the spine",
-    )
-    side_min: float = Field(
-        0.05, ge=0.0, le=1.0,
-        description="a side chain's node is drafted while its source's measured rate of being right from the fork on is at least this",
-    )
-    rate_prior: float = Field(
-        0.25, ge=0.0, le=1.0, description="prior acceptance rate of a chain source's token at each depth (pessimistic)"
-    )
-    rate_weight: float = Field(4.0, gt=0.0, description="pseudo-observations behind rate_prior")
-    rate_carry: float = Field(
-        0.5, ge=0.0, le=1.0, description="share of the measured source rates carried into the decoder's next generation"
     )
     confidence: bool = Field(
         True,
@@ -127,16 +124,7 @@ class SpineOptions(Options):
     tiers: tuple[float, float, float] = Field(
         (0.15, 0.30, 0.50), description="base spine share of the budget at low / medium / high spine acceptance"
     )
-    tier_cutoffs: tuple[float, float] = Field((0.2, 0.4), description="EMA cut-offs between the tiers")
-    ema_init: float = Field(0.5, ge=0.0, le=1.0, description="initial spine acceptance estimate per request")
-    ema_weight: float = Field(0.3, ge=0.0, le=1.0, description="weight of the newest cycle in the EMA")
-    spine_branch_share: float = Field(
-        0.5, ge=0.0, le=1.0, description="share of the branch budget hung off spine nodes (rest: the root)"
-    )
     spine_branches: bool = Field(True, description="hang branches off spine nodes (off: the nobranch ablation)")
-    min_score: float = Field(0.01, ge=0.0, lt=1.0, description="successors scoring below this are not drafted")
-    max_branch_depth: int = Field(6, ge=1, description="branches are extended only while shallower than this")
-    top_k: int = Field(10, ge=1, description="K of the BFS width cap max(1, K // depth)")
     coupled: bool = Field(
         True,
         description="when sampling, order each node's successors by how likely the draw at its depth "
@@ -150,12 +138,6 @@ class SpineOptions(Options):
             raise ValueError(f"tiers are shares of the budget in [0, 1], got {v}")
         return v
 
-    @field_validator("tier_cutoffs")
-    @classmethod
-    def _cutoffs(cls, v):
-        if not (0.0 <= v[0] <= v[1] <= 1.0):
-            raise ValueError(f"tier_cutoffs must satisfy 0 <= low <= high <= 1, got {v}")
-        return v
 
 
 class SpinePolicy(MergingPolicy):
@@ -169,11 +151,10 @@ class SpinePolicy(MergingPolicy):
         self.begin(None)
 
     def make_rates(self) -> SourceRates:
-        o = self.options
-        return SourceRates(o.rate_prior, o.rate_weight, carry=o.rate_carry)
+        return SourceRates(RATE_PRIOR, RATE_WEIGHT, carry=RATE_CARRY)
 
     def begin(self, request: Request | None) -> None:
-        self.ema = self.options.ema_init
+        self.ema = EMA_INIT
         self.routes: Counter = Counter()
         self.counts: Counter = Counter()
         self.leaders: Counter = Counter()
@@ -210,7 +191,7 @@ class SpinePolicy(MergingPolicy):
         trie = Trie(ctx.state.anchor, ROOT)
         for j in range(n):
             trie.add(j, merged.spine[j], SPINE, merged.spine_sources[j])
-        added = trie.add_sides(merged, n, budget - 1 - n, self.rates, self.options.side_min, ctx.state.max_depth)
+        added = trie.add_sides(merged, n, budget - 1 - n, self.rates, SIDE_MIN, ctx.state.max_depth)
         return trie.tree("chains" if added else "chain", spine_len=n, confidence=merged.confidence, chains=merged.chains)
 
     def build(
@@ -226,10 +207,10 @@ class SpinePolicy(MergingPolicy):
         o = self.options
         st = ctx.state
         depth_cap = st.max_depth
-        min_score = o.min_score
+        min_score = MIN_SCORE
         coupled = o.coupled
-        maxd = min(o.max_branch_depth, depth_cap)
-        ratio_base = spine_ratio(self.ema, o.tiers, o.tier_cutoffs)
+        maxd = min(MAX_BRANCH_DEPTH, depth_cap)
+        ratio_base = spine_ratio(self.ema, o.tiers, TIER_CUTOFFS)
         ratio = ratio_base + conf * (1.0 - ratio_base)
         chain = merged.spine
         L = max(0, min(len(chain), int(budget * ratio), budget - 1, depth_cap))
@@ -240,12 +221,12 @@ class SpinePolicy(MergingPolicy):
             trie.add(j, chain[j], SPINE, merged.spine_sources[j])
         branch_budget = budget - 1 - L
         if merged.sides and branch_budget > 0:
-            room = int(branch_budget * o.side_share)
-            branch_budget -= trie.add_sides(merged, L, room, self.rates, o.side_min, depth_cap)
+            room = int(branch_budget * SIDE_SHARE)
+            branch_budget -= trie.add_sides(merged, L, room, self.rates, SIDE_MIN, depth_cap)
         tokens, parents, depths = trie.tokens, trie.parents, trie.depths
 
-        if L > 0 and branch_budget > 0 and o.spine_branches and o.spine_branch_share > 0.0:
-            spine_share = max(1, int(branch_budget * o.spine_branch_share))
+        if L > 0 and branch_budget > 0 and o.spine_branches and SPINE_BRANCH_SHARE > 0.0:
+            spine_share = max(1, int(branch_budget * SPINE_BRANCH_SHARE))
         else:
             spine_share = 0
         root_share = branch_budget - spine_share
@@ -286,7 +267,7 @@ class SpinePolicy(MergingPolicy):
 
         # Step 4: breadth-first extension of the branch frontier.
         remaining = budget - len(tokens)
-        k = o.top_k
+        k = TOP_K
         while frontier and remaining > 0:
             node, score = frontier.popleft()
             d = depths[node]
@@ -352,7 +333,7 @@ class SpinePolicy(MergingPolicy):
             if len(path) - 1 < chain_len:
                 c["dominance_violations"] += 1
         if n_spine and route in ("spine", "bypass"):
-            w = self.options.ema_weight
+            w = EMA_WEIGHT
             self.ema = w * (acc_spine / n_spine) + (1.0 - w) * self.ema
 
     def stats(self) -> dict:
@@ -388,9 +369,6 @@ class BypassOptions(Options):
         None, description="source whose chain may bypass the tree; None: the chain with the most expected "
         "accepted tokens under each source's measured acceptance (the inner policy's spine when it merges chains)"
     )
-    min_confidence: float = Field(
-        1.0, ge=0.0, le=1.0, description="bypass at this confidence or above (1.0: consensus)"
-    )
     min_length: int | None = Field(
         None,
         ge=1,
@@ -405,6 +383,7 @@ class BypassOptions(Options):
     )
 
 
+BYPASS_CONFIDENCE = 1.0  # a chain bypasses the tree at this confidence or above (consensus)
 _NESTING = threading.local()  # .depth: bypass policies under construction in this thread (inner within inner)
 _MAX_NESTING = 8
 
@@ -486,7 +465,7 @@ class BypassPolicy(TreePolicy):
         if inner is not None:  # the inner policy merges every source's chain: bypass with its spine, its trust
             merged = inner.lay_out(ctx)
             lead = merged.leader
-            if (lead is not None and lead.confidence >= o.min_confidence and inner.trusted(lead) > 0.0
+            if (lead is not None and lead.confidence >= BYPASS_CONFIDENCE and inner.trusted(lead) > 0.0
                     and len(lead.tokens) >= self.threshold(ctx.budget)
                     and (o.spine_source is None or lead.source == o.spine_source)):
                 tree = self._bypass_tree(ctx, lead.tokens, merged.spine_sources, lead.confidence, chains=merged.chains)
@@ -497,7 +476,7 @@ class BypassPolicy(TreePolicy):
         ranked = rank(gather(ctx, self._chains), self.rates)
         if ranked:
             lead = ranked[0]
-            if (lead.confidence >= o.min_confidence and self.rates.trusted(lead, o.trust_min) > 0.0
+            if (lead.confidence >= BYPASS_CONFIDENCE and self.rates.trusted(lead, o.trust_min) > 0.0
                     and len(lead.tokens) >= self.threshold(ctx.budget)):
                 chains = {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}
                 tree = self._bypass_tree(ctx, lead.tokens, ((lead.source,),) * len(lead.tokens), lead.confidence,

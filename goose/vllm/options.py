@@ -12,6 +12,17 @@ from pydantic import Field, field_validator
 from goose.interfaces import Options
 
 TIER_FLOORS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+# the proposer's internal tuning
+PRIOR, PRIOR_WEIGHT = 0.5, 2.0  # a source token's acceptance before it is measured, and its pseudo-observations
+START_REACH = 0.3  # the reach below which nothing is drafted before the step cost is measured
+REQUEST_WEIGHT = 2.0  # expected tokens of prior weight on a request's own acceptance factor
+REST_WINDOW = 32  # the sources rest when a window of this many booked steps saved less than nothing
+REST_EARLY = 8.0  # a window is judged at once when it has lost this many steps' time
+REST_STEPS, REST_MAX = 16, 512  # a rest's length (doubled after each window that again saved nothing), its cap
+PROBE_BELOW = 0.3  # a step drafts nothing when steps without drafts weigh less than this in the step cost
+ASK_EVERY = 8  # where asking the sources took more than it saved, they are asked on one step in this many
+ASK_DECAY = 0.9  # per step asked, the decay of what asking saved and took
+MAY_PAY_EVERY = 4  # steps between two workings-out of whether any draft could pay at a batch size
 
 
 class ProposerOptions(Options):
@@ -20,39 +31,15 @@ class ProposerOptions(Options):
     sources: str | list = Field(
         "pld+suffix+tr", description="the draft sources: a method spec's sources ('pld{max_chain=32}+suffix+tr') or a "
         "list of names / (name, options) pairs; tr is served from the logits vLLM computes")
-    prior: float = Field(0.5, ge=0.0, le=1.0, description="acceptance of a source's token before it is measured")
-    prior_weight: float = Field(2.0, gt=0.0, description="pseudo-observations behind prior")
-    start_reach: float = Field(
-        0.3, ge=0.0, le=1.0, description="the reach below which nothing is drafted before the step cost is measured")
     tier_floors: tuple[float, ...] = Field(
         TIER_FLOORS, description="each chain source's acceptance is measured apart per band of the confidence its "
         "proposals report (a chain's band: the first floor its confidence reaches, 0 below them all); (): one rate "
         "per source")
-    request_weight: float = Field(
-        2.0, gt=0.0, description="expected tokens of prior weight on a request's own acceptance factor (its "
-        "accepted tokens over what its drafts were expected to give, toward the recent requests' factor)")
     recent_decay: float = Field(
         0.99, ge=0.0, le=1.0, description="per step, the decay of the recent requests' accepted and expected "
         "tokens, where a new request's factor starts (at most 1; back to 1 where nothing is drafted)")
     min_reach: float | None = Field(
         None, ge=0.0, le=1.0, description="a fixed reach floor instead of the measured step cost (None: measured)")
-    rest_window: int = Field(
-        32, ge=1, description="the sources rest (nothing drafted) when a window of this many booked steps, of as "
-        "many decoding requests, saved less than nothing, measured")
-    rest_early: float = Field(
-        8.0, gt=0.0, description="a window is judged at once when it has lost this many steps' time (a step of "
-        "as many requests without drafts)")
-    rest_steps: int = Field(16, ge=1, description="how long a rest lasts, twice as long after each window that again saved nothing")
-    rest_max: int = Field(512, ge=1, description="the longest rest, in steps")
-    probe_below: float = Field(
-        0.3, ge=0.0, description="a step drafts nothing (a probe) when the steps of as many decoding requests "
-        "without drafts weigh less than this in the step cost, so that the baseline stays measured")
-    ask_every: int = Field(
-        8, ge=1, description="where asking the sources has taken more than the plans after it expected to save, "
-        "they are asked on one step in this many")
-    ask_decay: float = Field(0.9, ge=0.0, le=1.0, description="per step asked, the decay of what asking saved and took")
-    may_pay_every: int = Field(
-        4, ge=1, description="steps between two workings-out of whether any draft could pay at a batch size")
 
     @field_validator("tier_floors", mode="before")
     @classmethod

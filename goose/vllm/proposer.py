@@ -20,7 +20,8 @@ from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source
 from goose.policies.rates import SourceRates, shrunk
 from goose.vllm.cost import StepCost
-from goose.vllm.options import ProposerOptions
+from goose.vllm.options import (ASK_DECAY, ASK_EVERY, MAY_PAY_EVERY, PRIOR, PRIOR_WEIGHT, PROBE_BELOW, REQUEST_WEIGHT, REST_EARLY,
+                                REST_MAX, REST_STEPS, REST_WINDOW, START_REACH, ProposerOptions)
 from goose.vllm.recycle import Recycler
 
 ENV_SOURCES = "GOOSE_VLLM_SOURCES"
@@ -82,10 +83,10 @@ class Proposer:
         self.options = o = resolve_options(options, sources=sources, min_reach=min_reach)
         self._spec = o.sources
         self.pristine, self.recycler = self._build()
-        self.rates = SourceRates(o.prior, o.prior_weight, max_depth=max(16, self.k), carry=1.0)
+        self.rates = SourceRates(PRIOR, PRIOR_WEIGHT, max_depth=max(16, self.k), carry=1.0)
         if o.tier_floors:
             for s in self.pristine:
-                self.rates.set_tiers(s.name, [(f, o.prior, o.prior) for f in o.tier_floors])
+                self.rates.set_tiers(s.name, [(f, PRIOR, PRIOR) for f in o.tier_floors])
         self.live: dict[int, _Live] = {}  # by batch row
         self.cost = StepCost()
         self.counts = {"steps": 0, "drafted": 0, "accepted": 0, "requests": 0, "freed": 0, "rematched": 0}
@@ -188,7 +189,7 @@ class Proposer:
             self.resting = 0  # the batch has halved or doubled since the rest began: its own ledger judges it
         resting = self.resting > 0
         priced = bool(decoding) and self.options.min_reach is None and self.cost.ready()
-        probe = not resting and priced and self.cost.weight(len(decoding), 0) < self.options.probe_below
+        probe = not resting and priced and self.cost.weight(len(decoding), 0) < PROBE_BELOW
         self.counts["probes"] += probe
         return resting, priced, probe
 
@@ -340,18 +341,18 @@ class Proposer:
         self._planned = None
         if skip or not self.cost.ready() or self.cost.outlier(now - t0, n + drafted, n):
             return
-        led = self.ledgers.setdefault(StepCost.bucket(n), [0, 0.0, self.options.rest_steps])
+        led = self.ledgers.setdefault(StepCost.bucket(n), [0, 0.0, REST_STEPS])
         led[0] += 1
         base = self.cost.cost(n, n)  # a step of n requests without drafts
         led[1] += tokens * base / n - (now - t0) if drafted else -drafting
-        if led[0] < self.options.rest_window and led[1] > -self.options.rest_early * base:
+        if led[0] < REST_WINDOW and led[1] > -REST_EARLY * base:
             return
         if led[1] < 0.0:
             self.resting, self._rest_n = led[2], n
-            led[2] = min(self.options.rest_max, 2 * led[2])
+            led[2] = min(REST_MAX, 2 * led[2])
             self.counts["rests"] += 1
         else:
-            led[2] = self.options.rest_steps
+            led[2] = REST_STEPS
         led[0], led[1] = 0, 0.0
 
     def _worth_asking(self, n: int) -> bool:
@@ -364,7 +365,7 @@ class Proposer:
         if a is None or a[0] < 3.0 or a[1] > a[2]:
             return True
         a[3] += 1
-        if a[3] >= self.options.ask_every:
+        if a[3] >= ASK_EVERY:
             a[3] = 0
             return True
         return False
@@ -380,7 +381,7 @@ class Proposer:
             accepted = sum(sum(r[:c]) for r, c in zip(reaches, counts))
             saving = accepted * base / n - (self.cost.cost(n + rows, n) - base)
         a = self.asks.setdefault(StepCost.bucket(n), [0.0, 0.0, 0.0, 0])
-        d = self.options.ask_decay
+        d = ASK_DECAY
         a[0], a[1], a[2], a[3] = d * a[0] + 1.0, d * a[1] + saving, d * a[2] + seconds, 0
 
     def _may_pay(self, decoding: Sequence[_Live]) -> bool:
@@ -391,11 +392,11 @@ class Proposer:
         size (bucket of decoding requests): it changes slowly, and working it out is a plan over every request."""
         b = StepCost.bucket(len(decoding))
         kept = self._may.get(b)
-        if kept is not None and self.counts["steps"] - kept[0] < self.options.may_pay_every:
+        if kept is not None and self.counts["steps"] - kept[0] < MAY_PAY_EVERY:
             return kept[1]
         keys = list(self.rates.trials) or [(RECYCLING, 0.0)]
         best = [max(col) for col in zip(*(self.reach(key, self.k) for key in keys))]
-        f = max(st.factor(self.options.request_weight, self._prior) for st in decoding)
+        f = max(st.factor(REQUEST_WEIGHT, self._prior) for st in decoding)
         if f > 1.0:
             best = [min(max(r, 0.98), r * f) for r in best]
         out = any(self.plan([best] * len(decoding)))
@@ -411,7 +412,7 @@ class Proposer:
         (``start_reach`` before the measurement)."""
         n = len(reaches)
         if self.options.min_reach is not None or not self.cost.ready():
-            floor = self.options.min_reach if self.options.min_reach is not None else self.options.start_reach
+            floor = self.options.min_reach if self.options.min_reach is not None else START_REACH
             return [next((d for d, r in enumerate(reach) if r < floor), len(reach)) for reach in reaches]
         lens = [len(reach) for reach in reaches]
         total = sum(lens)
@@ -436,7 +437,7 @@ class Proposer:
     def _scaled(self, st: _Live, reach: Sequence[float]) -> Sequence[float]:
         """The sources' reach for this request, times its own measured factor; a factor above 1 lifts no
         depth past 0.98 (or its own reach, if higher): a request that has drafted well is not certain."""
-        f = st.factor(self.options.request_weight, self._prior)
+        f = st.factor(REQUEST_WEIGHT, self._prior)
         return reach if f == 1.0 else [min(max(r, 0.98), r * f) for r in reach]
 
     def recent_factor(self) -> float:
@@ -447,7 +448,7 @@ class Proposer:
         the recent ones already say drafting does not pay. Decayed a step, so where nothing is drafted it
         returns to 1 and the next requests are measured afresh."""
         acc, exp = self.recent
-        w = self.options.request_weight
+        w = REQUEST_WEIGHT
         return min(1.0, shrunk(acc, exp, 1.0, w))
 
     def _new(self, row: np.ndarray, n_sampled: int) -> _Live:
