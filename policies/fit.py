@@ -77,6 +77,14 @@ from goose.theory.calibrate import Counts, count_step, smoothed
 from goose.theory.model import AcceptanceModel
 from goose.tree import DraftTree
 
+# the fit's internal tuning
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
+MAX_DEPTH_BUCKET = 8  # per-class rates (a tree the acceptance model cannot read): deeper depths share one estimate
+MAX_SPINE_DEPTH = 32  # spine depths beyond this share one rate
+CARRY = 0.5  # share of the acceptance counts carried into the decoder's next generation
+MAX_RANK = 16  # sibling ranks beyond this are given probability 0
+
+
 class FitOptions(Options):
     inner: str = Field("spine", description="registered policy whose trees are fitted")
     inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy")
@@ -88,17 +96,6 @@ class FitOptions(Options):
         None, description="fixed forward latency {tree size: seconds}; None: measured once for the model"
     )
     prior: float = Field(0.1, ge=0.0, le=1.0, description="prior acceptance probability of a node class (pessimistic: trees must be earned by observed rates)")
-    prior_weight: float = Field(2.0, gt=0.0, description="pseudo-observations behind the prior")
-    max_depth_bucket: int = Field(
-        8, ge=1,
-        description="per-class rates (a tree the acceptance model cannot read): depths beyond this share one estimate",
-    )
-    max_spine_depth: int = Field(32, ge=1, description="spine depths beyond this share one rate")
-    carry: float = Field(
-        0.5, ge=0.0, le=1.0,
-        description="share of the acceptance counts carried into the decoder's next generation (0: start afresh)",
-    )
-    fallback: bool = Field(True, description="plain decoding step when no tree is worth its cost")
     explore_every: int = Field(8, ge=1, description="after this many fallbacks in a row, verify a small exploration tree")
     explore_cost: float = Field(
         2.0, ge=1.0, description="an exploration tree costs at most this many plain steps on the latency curve (at least one node)"
@@ -117,10 +114,6 @@ class FitOptions(Options):
         description="the prefill's extra logit rows (what the sources learn from) may cost at most this many "
         "plain steps, by the LM head's measured cost per row (None: as many as the sources ask)",
     )
-    calibrate_gain: bool = Field(
-        True, description="scale the expected gain down when the model has over-predicted the accepted tokens"
-    )
-    max_rank: int = Field(16, ge=1, description="sibling ranks beyond this are given probability 0")
     shadow: bool = Field(
         True,
         description="also learn the spine rates past what was verified (the spine nodes the fit cut, all "
@@ -269,7 +262,7 @@ class FitPolicy(TreePolicy):
         self.trials.clear()
         old = self.route_counts
         self.route_counts = defaultdict(Counts)
-        carry = self.options.carry if request is not None else 0.0
+        carry = CARRY if request is not None else 0.0
         if carry > 0.0:
             for route, c in old.items():
                 self.route_counts[route] = c.scaled(carry)
@@ -290,7 +283,7 @@ class FitPolicy(TreePolicy):
     # -- per-class rates: the estimate for a tree the acceptance model cannot read -------------------
     def _keys(self, tree: DraftTree) -> list:
         """A class per node: (origin, depth bucket, rank among same-origin siblings, capped)."""
-        dcap = self.options.max_depth_bucket
+        dcap = MAX_DEPTH_BUCKET
         seen: Counter = Counter()
         keys = [None]
         for i in range(1, tree.num_nodes):
@@ -302,7 +295,7 @@ class FitPolicy(TreePolicy):
 
     def _prob(self, key) -> float:
         o = self.options
-        return shrunk(self.acc[key], self.trials[key], o.prior, o.prior_weight)
+        return shrunk(self.acc[key], self.trials[key], o.prior, PRIOR_WEIGHT)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         out = self._fit(ctx)
@@ -328,8 +321,6 @@ class FitPolicy(TreePolicy):
 
     def _kappa(self) -> float:
         """Observed / predicted accepted tokens of fitted steps, capped at 1 (never optimistic)."""
-        if not self.options.calibrate_gain:
-            return 1.0
         ob = self.observed
         return min(1.0, (ob["calib_got"] + 2.0) / (ob["calib_pred"] + 2.0))
 
@@ -376,7 +367,7 @@ class FitPolicy(TreePolicy):
             if v > best_v:
                 best_m, best_v = m, v
         c = self.counts
-        if best_m == 0 and self.options.fallback:
+        if best_m == 0:
             self.streak += 1
             limit = self.options.explore_cost * t[1]
             best_m = 1
@@ -439,7 +430,7 @@ class FitPolicy(TreePolicy):
             o = self.options
             toward = self._earned_elsewhere(route) if o.pool_routes else None
             m = self.models[route] = smoothed(
-                self.route_counts[route], o.prior, o.prior_weight, o.max_spine_depth, o.max_rank, toward=toward,
+                self.route_counts[route], o.prior, PRIOR_WEIGHT, MAX_SPINE_DEPTH, MAX_RANK, toward=toward,
                 start=self._tier_prior(route),
             )
         return m
@@ -491,7 +482,7 @@ class FitPolicy(TreePolicy):
         if not pooled.spine_trials:
             return None
         o = self.options
-        return smoothed(pooled, o.prior, o.prior_weight, o.max_spine_depth, 1, start=self._tier_prior(route)).spine
+        return smoothed(pooled, o.prior, PRIOR_WEIGHT, MAX_SPINE_DEPTH, 1, start=self._tier_prior(route)).spine
 
     def observe(self, verified: Verified) -> None:
         if verified.kind == "tree" and self._step is not None and self._t is not None:
