@@ -14,12 +14,9 @@ class RecallOptions(Options):
 
 
 class RecallSource(DraftSource):
-    """A source that learns across requests through ``end``: it drafts what followed the last ``context``
-    tokens in the committed text (prompt + answer) of this component set's earlier generations, latest
-    first. ``history`` holds those texts; ``ends`` every output ``end`` received (tests read it).
-
-    docs/plugins.md walks through it; tests compose it with ``pld``, ``tr`` and ``suffix`` in every order.
-    """
+    """A source that learns across requests through ``end`` (docs/plugins.md walks through it): it drafts what
+    followed the last ``context`` tokens in the committed text (prompt + answer) of this component set's earlier
+    generations, latest first. ``history`` holds those texts; ``ends`` every output ``end`` received."""
 
     name = "recall"
     Options = RecallOptions

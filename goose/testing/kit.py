@@ -34,10 +34,8 @@ def random_tree_nodes(rng: random.Random, max_nodes: int, vocab_size: int, oracl
     used: set[tuple[int, int]] = set()
     paths: list[list[int]] = []
     for i in range(rng.randint(0, max_nodes)):
-        if i and rng.random() < p_chain:
-            parent = i - 1 if len(tokens) == i else rng.randint(-1, len(tokens) - 1)
-        else:
-            parent = rng.randint(-1, len(tokens) - 1)
+        extend = i and rng.random() < p_chain  # a chain: the last node's child, where the last node was kept
+        parent = i - 1 if extend and len(tokens) == i else rng.randint(-1, len(tokens) - 1)
         path = [] if parent < 0 else paths[parent]
         tok = oracle(path) if oracle is not None and rng.random() < p_oracle else rng.randrange(vocab_size)
         if (parent, tok) in used:

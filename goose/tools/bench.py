@@ -106,10 +106,8 @@ class Runner:
 
 
 def first_mismatch(a: list[int], b: list[int]) -> int | None:
-    for i in range(max(len(a), len(b))):
-        if i >= len(a) or i >= len(b) or a[i] != b[i]:
-            return i
-    return None
+    """The first position where ``a`` and ``b`` differ (the shorter one's length if one extends the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
 def top2_gap(model, ids, ref: list[int], pos: int) -> float:
@@ -188,15 +186,8 @@ def per_sample(runs: list[Run], methods: list[str]) -> list[dict]:
 
 
 def profile(runs: list[Run], methods: list[str]) -> list[dict]:
-    """Per Goose method, pooled over every prompt: milliseconds per decoding step in each part of a step.
-
-    ``forward``: model forwards (verification; prefill excluded), ``sources``: inside the draft sources,
-    ``tree``: the rest of shaping the tree, ``mask``: the 4-D mask and position ids, ``walk``: argmax and the
-    greedy walk, ``commit``: the KV cache commit, ``harvest``: feeding the verified logits back to the sources,
-    ``other``: the loop's own bookkeeping. ``ceiling``: tokens per second of model-forward time (prefill
-    included) over greedy's, the speedup if everything but the forwards were free; ``speedup``: tokens/s over
-    greedy's, pooled.
-    """
+    """Per Goose method, pooled over every prompt: milliseconds per decoding step in each part of a step
+    (:data:`PROFILE_PARTS`), the overhead, the ceiling and the speedup; docs/bench.md says what each column times."""
     ar = {(r.dataset, r.prompt_id): r for r in runs if r.method == "ar"}
     rows = []
     for m in methods:
@@ -812,14 +803,8 @@ def _report(args) -> int:
     methods = split_methods(args.methods) if args.methods else None
     md, rows, runs = summarize_file(paths, first, methods)
     print(f"{len({(r.dataset, r.prompt_id) for r in runs})} prompts with every method finished\n")
-    cpus = []
-    for f in paths:
-        try:
-            line = json.loads(Path(f).read_text()).get("meta", {}).get("machine", {}).get("cpu_line")
-        except (OSError, ValueError):
-            line = None
-        cpus.append(line or "not recorded (a run from before the CPU was recorded)")
-    for c in dict.fromkeys(cpus):
+    cpus = [json.loads(Path(f).read_text()).get("meta", {}).get("machine", {}).get("cpu_line") for f in paths]
+    for c in dict.fromkeys(c or "not recorded (a run from before the CPU was recorded)" for c in cpus):
         print(f"CPU: {c}")
     print()
     if len(paths) > 1:

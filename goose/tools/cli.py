@@ -163,22 +163,18 @@ def _cmd_calibrate(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="goose", description="Lossless speculative decoding (GOOSE).")
     sub = p.add_subparsers(dest="cmd", required=True)
-
     sp = sub.add_parser("plugins", help="list registered sources, policies, verifiers and their origin")
     sp.add_argument("--options", action="store_true", help="print every component's options as Markdown")
     sp.set_defaults(func=_cmd_plugins)
-
     sm = sub.add_parser("models", help="obtain and convert the offline models")
     sm.add_argument("action", choices=["pull", "list"])
     sm.add_argument("names", nargs="*", metavar="NAME", help="models of `goose models list`, pulled in turn (default smollm2)")
     sm.add_argument("--force", action="store_true", help="convert again even if converted")
     sm.set_defaults(func=_cmd_models)
-
     generate.add_parser(sub)
     bench.add_parser(sub)
     bench.add_report_parser(sub)
     tiers_cmd.add_parser(sub)
-
     sc = sub.add_parser("calibrate", help="measure the forward latency curve ahead of time (fit uses it)")
     sc.add_argument("--model", default="smollm2", help="model name (goose models list) or local HF folder")
     sc.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -189,11 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--verifier", default="transformers",
                     help="the verifier whose passes are timed, as in a method spec (name or name{option=value,...})")
     sc.set_defaults(func=_cmd_calibrate)
-
     st = sub.add_parser("theory", help="acceptance model and proposition checks (see docs/theory.md)")
     st.add_argument("rest", nargs=argparse.REMAINDER)
     st.set_defaults(func=_cmd_theory)
-
     args = p.parse_args(argv)
     try:
         return int(args.func(args) or 0)
