@@ -10,12 +10,12 @@ written from the paper's description).
 Index. Text is kept in *segments*: the current request (appended to as tokens are committed) and
 one frozen segment per remembered request. Each segment indexes, for a few pattern lengths
 ``n`` (``min_pattern``, doubling up to ``max_pattern``: 2, 4, 8, 16, 32 by default), every
-n-gram that has a following token: ``last[n]`` maps the n-gram's hash to its latest end
-position and ``prev[n][e]`` (a 4-byte array) chains each end position to the previous one with
-the same hash, so occurrences are walked most recent first. The hash (:func:`ngram_hash`, a
-polynomial mod 2**64) is read from the segment's prefix hashes, so appending a token costs a few
-integer operations per indexed length; a long append (a new prompt) is hashed and chained with
-numpy at once. Each ``propose`` indexes only positions committed since the last call.
+n-gram that has a following token: per length, a dict maps the n-gram's hash to its latest end
+position and a 4-byte array chains each end position to the previous one with the same hash, so
+occurrences are walked most recent first. The hash (:func:`ngram_hash`, a polynomial mod 2**64)
+is read from the segment's prefix hashes, so appending a token costs a few integer operations
+per indexed length; a long append (a new prompt) is hashed and chained with numpy at once. Each
+``propose`` indexes only positions committed since the last call.
 
 Lookup. From the longest indexed length down, the query suffix's hash is looked up in every
 segment (current request first, then the history newest first); at the first length ``n`` with a
@@ -46,17 +46,15 @@ counted), ``n1`` that count and ``m`` the pattern length: a longer match and a c
 more than once mean a likelier chain (m = 4: 0.5, 8: 0.75, 16: 0.94, 32: 0.996 of ``p1``). It is
 always below 1, so a spine policy never bypasses its tree for this source alone.
 
-History and the decoder's component pool. Each ``generate`` of a decoder runs on its own set of
-components (copies of a pristine snapshot taken at compose time, kept in a pool). **All sets of
-one decoder share one history**: :class:`SuffixHistory` survives ``copy.deepcopy`` (it returns
-itself), so concurrent requests all learn from each other's finished generations; the index of
-the current request is per set. Appends and evictions take the history's lock; readers take it
-only to read the current tuple of segments (segments are immutable once in the history, and a
-reader keeps the ones it holds alive). A decoder built by another ``goose.compose`` builds a new
-source, with a history of its own. A request is added in ``end(output)`` (its prompt, unless
-``history_prompts=False``, and its committed tokens); the oldest requests are evicted once there
-are more than ``history`` requests or ``history_tokens`` tokens (a single request longer than
-``history_tokens`` is not kept). Evicting a request drops its segment, its index with it.
+History. Each ``generate`` of a decoder runs on its own pooled set of components; **all sets of
+one decoder share one history** (:class:`SuffixHistory` returns itself from ``copy.deepcopy``),
+so concurrent requests learn from each other's finished generations, while the current request's
+index is per set. Appends and evictions take the history's lock; readers take it only to read the
+current tuple of segments, which are immutable once in the history. Another ``goose.compose``
+builds a new source with a history of its own. ``end(output)`` adds the request (its prompt,
+unless ``history_prompts=False``, and its committed tokens); the oldest requests, with their
+index, are evicted beyond ``history`` requests or ``history_tokens`` tokens (a single request
+longer than ``history_tokens`` is not kept).
 """
 
 from __future__ import annotations
@@ -148,15 +146,10 @@ def ngram_hash(tokens: Sequence[int]) -> int:
 
 
 class _Segment:
-    """One text (a request's tokens) and its n-gram index, for the lengths in ``lengths``.
-
-    ``last[k]``: hash of the n-gram (n = lengths[k]) ending at e -> the latest such e;
-    ``prev[k][e]``: the previous end position with the same hash, -1 when none. Only end
-    positions with a following token are indexed (e <= len(tokens) - 2). The hash is
-    :func:`ngram_hash`, read from prefix hashes (``ph[e]``: the hash of tokens 0..e), so each
-    position costs a few integer operations per length; a long append (a prompt) is hashed
-    and chained with numpy at once.
-    """
+    """One text (a request's tokens) and its n-gram index for the lengths in ``lengths`` (module
+    docstring, "Index"): ``last[k]`` maps the hash of an n-gram (n = lengths[k]) to its latest end
+    position e, ``prev[k][e]`` is the previous end with the same hash (-1: none), ``ph[e]`` the
+    hash of tokens 0..e. Only ends with a following token (e <= len(tokens) - 2) are indexed."""
 
     __slots__ = ("lengths", "tokens", "last", "prev", "indexed", "frozen", "ph", "_pow", "_nbytes", "__weakref__")
 
@@ -345,7 +338,6 @@ def confidence(p1: float, n1: int, pattern: int) -> float:
     return min(1.0, max(0.0, c))
 
 
-
 def _continuations(members: list, vocab: int | None) -> dict[int, list]:
     """``members`` (``(text, position)``, most recent first) grouped by the token at their position, each moved one
     past it; in order of first appearance, so among groups of one size the first is the most recent. Members at
@@ -361,6 +353,7 @@ def _continuations(members: list, vocab: int | None) -> dict[int, list]:
                 groups[t] = g = []
             g.append((seq, pos + 1))
     return groups
+
 
 class SuffixSource(DraftSource):
     """Suffix matching over the request and earlier generations (SuffixDecoding-style): a frequency-weighted tree."""

@@ -1,25 +1,18 @@
 """Calibration: estimate ``p_d`` and ``q_r`` from logged verification steps, predict tau, compare.
 
 A *record* is one verification step: the verified tree (tokens, parents, origins), the accepted
-path (node indices, root first), optionally the tokens committed (accepted + bonus after stop /
-length cuts; default ``len(path)``) and the target's argmax at every node. Records are written as
-JSON lines (docs/theory.md, "Records"):
+path (node indices, root first), optionally the tokens committed (after stop / length cuts;
+default ``len(path)``) and the target's argmax at every node; written as JSON lines
+(docs/theory.md, "Calibration on real runs", which also states the estimators).
 
-    {"dataset": "gsm8k", "request": 0, "step": 3, "tokens": [...], "parents": [...],
-     "origins": [...], "path": [0, 1, 2], "committed": 3, "argmax": [...]}
+- ``p_d``: of the steps whose accepted path holds the parent of a spine node at depth d, the
+  fraction that accept it; depths >= ``pool_from`` pooled into one rate.
+- ``q^o_r``: at every accepted node whose spine child (if any) and earlier origin groups all
+  missed, each child of origin o and rank r is a trial, a hit when the path goes through it; a
+  vector that sampling noise pushes past sum 1 is scaled down to 1.
 
-Estimators (unbiased under the model, docs/theory.md "Calibration"):
-
-- ``p_d``: over steps whose tree has a spine node at depth d and whose accepted path contains
-  that node's parent: the fraction in which the spine node is accepted too. Depths >= ``pool_from``
-  are pooled into one rate.
-- ``q^o_r``: at every accepted node u whose spine child (if any) was rejected and whose earlier
-  origin groups all missed, each child of origin o and rank r is one trial; a hit when the path
-  continues through it. If sampling noise makes a vector sum past 1 it is scaled down to 1.
-
-Prediction: ``tau = (R + sum_s E_model[tokens | tree_s]) / (R + S)`` for R requests (one prefill
-pass each, which commits one token) and S steps; steps whose commit was cut (``committed <
-len(path)``) count their actual commit on both sides.
+Prediction: ``tau = (R + sum_s E_model[tokens | tree_s]) / (R + S)`` for R requests (each prefill
+commits one token) and S steps; a step whose commit was cut counts its actual commit on both sides.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from goose.hookspecs import hookimpl
-from goose.rates import shrunk
+from goose.policies.rates import shrunk
 from goose.theory.model import (
     SPINE,
     AcceptanceModel,
@@ -216,6 +209,13 @@ class Counts:
                 dst[o].update({r: v * share for r, v in vec.items()})
         return out
 
+    def spine_counts(self, d: int, pool_from: int) -> tuple[int, int]:
+        """(trials, hits) of spine nodes at depth ``d``; ``d = pool_from`` pools every deeper depth too."""
+        if d < pool_from:
+            return self.spine_trials.get(d, 0), self.spine_hits.get(d, 0)
+        return (sum(v for k, v in self.spine_trials.items() if k >= pool_from),
+                sum(v for k, v in self.spine_hits.items() if k >= pool_from))
+
 
 def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int], spine_origin: str = SPINE) -> None:
     """Add one verified step's trials and hits to ``c`` (the estimators of the module docstring)."""
@@ -259,29 +259,19 @@ def smoothed(
 ) -> AcceptanceModel:
     """The online form of :func:`estimate`, for a model that must exist from the first step.
 
-    Every rate is shrunk toward a prior with ``weight`` pseudo-trials: ``p_1`` toward ``prior``,
-    ``p_d`` toward the estimate of ``p_{d-1}`` (deep spine nodes are tried far less often than
-    shallow ones, and a context match that held to depth d - 1 tends to hold on, so the shallower
-    rate is the better guess where data is thin), ``q^o_r`` toward the independent prior
-    ``prior (1 - prior)^(r - 1)``. Depths >= ``pool_from`` share one rate, ranks beyond ``ranks``
-    get 0. Each rank vector is made non-increasing (a
-    source's lower-ranked candidate is never likelier than a better-ranked one, so the likeliest
-    nodes of a tree keep rank prefixes) and scaled to sum to at most 1. Origins never seen use the
-    prior vector. ``toward`` (spine rates, depth 1 first, e.g. what the same source earned on
-    another route) replaces the spine's shrinkage targets: ``p_d`` is shrunk toward ``toward[d-1]``
-    (its last entry for deeper depths). ``start`` = (a, b), a calibrated start for one kind of
-    chain (``FitOptions.source_priors``): ``p_1`` is shrunk toward ``a`` instead of ``prior``, and
-    ``p_d`` toward the larger of ``b`` and the estimate of ``p_{d-1}`` (a chain of that kind that
-    held to depth d - 1 holds on at least at rate ``b``, and at the shallower rate where that is
-    earned higher).
+    Every rate is shrunk toward a target with ``weight`` pseudo-trials: ``p_1`` toward ``prior``,
+    ``p_d`` toward the estimate of ``p_{d-1}`` (deep nodes are tried far less often, and a match
+    that held to depth d - 1 tends to hold on), ``q^o_r`` toward ``prior (1 - prior)^(r - 1)``.
+    Depths >= ``pool_from`` share one rate; ranks beyond ``ranks`` get 0. Each rank vector is made
+    non-increasing (so the likeliest nodes of a tree keep rank prefixes) and scaled to sum to at
+    most 1; origins never seen use the prior vector. ``toward`` (spine rates, depth 1 first; its
+    last entry for deeper depths) replaces the spine's targets. ``start = (a, b)``, a calibrated
+    start for one kind of chain (``FitOptions.source_priors``): ``p_1`` is shrunk toward ``a``, and
+    ``p_d`` toward the larger of ``b`` and the estimate of ``p_{d-1}``.
     """
     spine = []
     for d in range(1, pool_from + 1):
-        if d < pool_from:
-            t, h = c.spine_trials.get(d, 0), c.spine_hits.get(d, 0)
-        else:
-            t = sum(v for k, v in c.spine_trials.items() if k >= pool_from)
-            h = sum(v for k, v in c.spine_hits.items() if k >= pool_from)
+        t, h = c.spine_counts(d, pool_from)
         if toward:
             target = toward[min(d, len(toward)) - 1]
         elif start is not None:
@@ -321,11 +311,7 @@ def estimate(records: Iterable[Record], pool_from: int = 8, spine_origin: str = 
     if c.spine_trials:
         deepest = max(c.spine_trials)
         for d in range(1, min(pool_from, deepest) + 1):
-            if d < pool_from:
-                t, h = c.spine_trials.get(d, 0), c.spine_hits.get(d, 0)
-            else:
-                t = sum(v for k, v in c.spine_trials.items() if k >= pool_from)
-                h = sum(v for k, v in c.spine_hits.items() if k >= pool_from)
+            t, h = c.spine_counts(d, pool_from)
             spine.append(h / t if t else (spine[-1] if spine else 0.0))
     pooled_t: dict[int, int] = defaultdict(int)
     pooled_h: dict[int, int] = defaultdict(int)

@@ -1,22 +1,12 @@
 """The acceptance model over :class:`goose.tree.DraftTree`, its exact expectation and a simulator.
 
-Semantics (docs/theory.md, "The model"). Condition on a node ``u`` being on the accepted path.
-The target's next token after ``u`` is at most one of ``u``'s children (siblings are distinct
-tokens), so the children's events are disjoint; the model gives each child ``c`` its probability
-``a(c)`` of being that token, as a cascade over the child's *groups*:
-
-1. the spine child (origin ``"spine"``, at most one per node) at depth ``d`` matches with ``p_d``;
-2. otherwise, the non-spine children, grouped by origin in the order the origins first appear
-   among the children: the child of rank ``r`` within its origin group (node order, 1 = best)
-   matches with ``m * q^o_r``, where ``m`` is the probability that every earlier group missed
-   (``m = 1 - p_d`` after a spine child, times ``1 - sum(q^o'_1..q^o'_{n_o'})`` after each
-   earlier origin group ``o'`` of ``n_o'`` children).
-
-``q^o`` is the per-rank vector of origin ``o`` (``per_origin``), the default ``branch`` vector
-otherwise. Every vector must sum to at most 1, so a node's children never carry more than
-probability 1. ``P(v accepted) = prod of a(.)`` along the root-to-``v`` path, and the expected
-tokens per verification step are ``1 + sum_v P(v accepted)`` (the bonus token plus the accepted
-draft tokens).
+Semantics (docs/theory.md, "The model"): given an accepted node, its children's events are
+disjoint (siblings are distinct tokens). The spine child (origin ``"spine"``, at most one) at
+depth ``d`` matches with ``p_d``; then each origin group of the other children, in order of first
+appearance, gives its child of rank ``r`` (node order) ``m * q^o_r``, ``m`` the probability that
+the spine child and every earlier group missed. Every rank vector sums to at most 1.
+``P(v accepted)`` is the product along the root-to-``v`` path, and the expected tokens per
+verification step are ``1 + sum_v P(v accepted)`` (the bonus included).
 """
 
 from __future__ import annotations
@@ -184,12 +174,10 @@ def _origin_groups(kids: Sequence[int], origins: Sequence[str], spine_origin: st
 def simulate_walks(tree: TreeLike, model: AcceptanceModel, n: int, rng: np.random.Generator) -> np.ndarray:
     """``[n]`` index of the last accepted node of ``n`` independent greedy walks.
 
-    The target is simulated generatively, independently of :meth:`AcceptanceModel.conditional`:
-    at an accepted node the target's token equals the spine child with probability ``p_d``;
-    otherwise each origin group in turn draws the *rank* of the target's token in that source's
-    full candidate list (rank ``r`` with probability ``q^o_r``, "not listed" with the rest), and
-    the walk moves to the group's child of that rank if the tree drafted that many, else the next
-    group is tried. The walk stops when no child matches.
+    The target is simulated generatively, independently of :meth:`AcceptanceModel.conditional`
+    (docs/theory.md, "Monte Carlo"): the spine child matches with ``p_d``; else each origin group
+    in turn draws the rank of the target's token among its source's candidates (``q^o_r``, or
+    "not listed"), and the walk takes that child if drafted. It stops when no child matches.
     """
     parents, origins = tree.parents, tree.origins
     kids = _children(parents)

@@ -1,41 +1,22 @@
 """N chain sources in one tree: the acceptance model, the exact value of a tree plan, the plans
 the checks compare, and a simulator that walks real token tries (docs/theory.md, "N sources").
 
-**Model.** Each verification step the target continues with one true token sequence. Chain source
-``s`` proposes ``n_s`` tokens; ``A_s``, the number of its leading tokens that are right, has
-``P(A_s >= d | A_s >= d - 1) = p^s_d`` (``d <= n_s``), independently across sources. Its tokens
-after ``A_s`` are wrong and unique to it. So two chains share exactly their first
-``min(A_s, A_t)`` tokens, the trie shares those nodes, and the sources are correlated only
-through the common truth (a shared node is right iff the truth is that token). A branch (TR)
-source offers candidates of rank 1..K under any node: under an accepted node none of whose
-drafted chain children is right, and under every TR node, its rank-r candidate is right with
-``q_r`` (ranks are disjoint events; the positional model of ``trees.optimal_single_source``).
+**Model.** Chain source ``s`` proposes ``n_s`` tokens; ``A_s``, its count of leading right
+tokens, has ``P(A_s >= d | A_s >= d - 1) = p^s_d``, independently across sources, and its wrong
+tokens are its own: two chains share exactly their first ``min(A_s, A_t)`` tokens. The branch
+(TR) source's rank-r candidate is right with ``q_r`` (the positional model).
 
-**Plans.** A :class:`Plan` lays the chains out as goose/chains.py does: the leader's first
-``spine`` tokens are the spine; every other source ``s`` hangs under the spine node where its chain
-first leaves the leader's chain (its *fork*, ``f_s = min(A_s, A_leader)``), if that node is drafted
-(``f_s <= spine``) and the chain goes on past it, with its next ``sides[s]`` tokens (origin
-``"chain"``; nodes already in the trie are shared). Under the spine node at depth d (0 = the root)
-hangs the best TR forest of ``widths[d]`` nodes. A chain that continues past the leader's whole
-chain hangs at the leader's last node (the library appends it to the spine instead: the same
-accepted tokens). The plan reserves ``sides[s]`` nodes per side chain, so a realised tree never has
-more than :attr:`Plan.nodes` nodes; nodes a short or shared side chain leaves unused are not
-re-spent (that only lowers the value of plans with side chains).
+**Plans.** A :class:`Plan` lays the chains out as policies/chains.py does: the leader's first
+``spine`` tokens are the spine; another source hangs its next ``sides[s]`` tokens (origin
+``"chain"``) under the drafted spine node where it leaves the leader's chain; the spine node at
+depth d (0 = the root) holds the best TR forest of ``widths[d]`` nodes. A realised tree never
+has more than :attr:`Plan.nodes` nodes; nodes a short or shared side chain leaves are not re-spent.
 
-**Exact value** (:func:`evaluate`). The trie's accepted chain tokens are the longest right prefix
-among the drafted chains (every right prefix is a prefix of the truth); conditioning on
-``a = A_leader``, with ``S_s(d) = P(A_s >= d)``:
-
-- ``a > spine``: ``spine`` tokens, and the walk stops at the last spine node;
-- ``a <= spine``: ``a + sum_j [1 - prod_{s: sides[s] >= j} (1 - S_s(a + j))]``, and the walk
-  stops at spine node ``a`` with probability ``Z(a) = prod_{s: sides[s] >= 1} (1 - S_s(a + 1))``.
-
-So the TR forest at depth d adds ``w_d F(widths[d])`` with ``w_d = P(A_leader = d) Z(d)``
-(``+ P(A_leader > spine)`` at ``d = spine``) and ``F`` the single-source forest value
-(``trees.forest_values``): separable over depths, and ``F`` is concave (checked), so taking the
-largest marginal gains ``w_d (F(b + 1) - F(b))`` gives the exact optimal widths for a chain layout
-(:func:`fit`, the greedy of theory/allocation.py). Everything here is exact arithmetic except
-:func:`simulate_tokens` and :func:`observed_rates`, which sample.
+**Exact value** (:func:`evaluate`, docs/theory.md "N sources"): the trie accepts the longest
+drafted right prefix; conditioned on ``A_leader``, the forests add ``sum_d w_d F(widths[d])``,
+separable over depths with ``F`` concave (checked), so the largest marginal gains give the exact
+optimal widths (:func:`fit`, the greedy of theory/allocation.py). Everything here is exact
+arithmetic except :func:`simulate_tokens` and :func:`observed_rates`, which sample.
 """
 
 from __future__ import annotations
@@ -51,8 +32,8 @@ from goose.theory.model import ROOT, SPINE, AcceptanceModel, greedy_walk, simula
 from goose.theory.trees import BRANCH, forest_values, isotropic_tree, optimal_single_source
 from goose.tree import DraftTree
 
-SIDE = "chain"  # the origin goose/chains.py gives another source's chain where it leaves the spine
-PRIOR, PRIOR_WEIGHT = 0.25, 4.0  # goose.rates.SourceRates' shrinkage: shrunk(hits, trials, 0.25, 4)
+SIDE = "chain"  # the origin policies/chains.py gives another source's chain where it leaves the spine
+PRIOR, PRIOR_WEIGHT = 0.25, 4.0  # goose.policies.rates.SourceRates' shrinkage: shrunk(hits, trials, 0.25, 4)
 TIE = 1e-12
 
 
@@ -142,7 +123,11 @@ def _forest(q: tuple[float, ...], size: int) -> np.ndarray:
 
 
 def chain_terms(src: Sources, leader: int, spine: int, sides: Sequence[int]) -> tuple[float, np.ndarray]:
-    """Exact: (expected accepted chain tokens, ``[spine + 1]`` TR weights ``w_d``)."""
+    """Exact: (expected accepted chain tokens, ``[spine + 1]`` TR weights ``w_d``). With ``a = A_leader``
+    and ``S_s(d) = P(A_s >= d)``: ``a > spine`` accepts ``spine`` tokens; ``a <= spine`` accepts
+    ``a + sum_j [1 - prod_{s: sides[s] >= j} (1 - S_s(a + j))]`` and stops at spine node ``a`` with
+    ``Z(a) = prod_{s: sides[s] >= 1} (1 - S_s(a + 1))``; ``w_d = P(A_leader = d) Z(d)``, plus
+    ``P(A_leader > spine)`` at ``d = spine``."""
     S = src.survival
     a = np.arange(spine + 1)
     pa = S[leader, : spine + 1] - S[leader, 1 : spine + 2]  # P(A_leader = a)
@@ -217,7 +202,7 @@ Planner = Callable[[Sources, int], Plan]
 
 
 def rank(src: Sources) -> list[int]:
-    """Sources best first by the expected accepted tokens of their whole chain (goose.chains.rank);
+    """Sources best first by the expected accepted tokens of their whole chain (goose.policies.chains.rank);
     ties: the longer chain, then the index."""
     return sorted(range(src.n), key=lambda s: (-src.expected_chain(s), -src.length(s), s))
 

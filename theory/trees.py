@@ -3,18 +3,11 @@
 Every builder returns a :class:`goose.tree.DraftTree` whose tokens are placeholders (the node
 index, so siblings are distinct); the model only reads ``parents`` and ``origins``.
 
-Optima (docs/theory.md, "Optimal trees"):
-
-- :func:`optimal_single_source`: the best tree of at most ``budget`` nodes (root included) for
-  one source with a positional acceptance vector ``q`` (the child of rank r is accepted with
-  ``q_r`` given its parent was, at any depth): the Sequoia dynamic program over (nodes, next
-  rank[, depth left]).
-- :func:`optimal_spine_tree`: the best tree for two sources, a spine with per-depth ``p_d`` and
-  branches with ``q`` hanging off the root, the spine nodes and other branches: a dynamic program
-  over (spine position, nodes left) on top of the single-source forest values. Its family
-  contains the single-source trees (spine length 0) and the chain (no branches).
-- :func:`brute_force_best`: exhaustive search over every ordered tree of up to ``budget`` nodes
-  (and every spine path in it), the oracle for both programs at small budgets.
+Optima (docs/theory.md, "Optimal trees"): :func:`optimal_single_source` (the Sequoia dynamic
+program for one source with a positional vector ``q``), :func:`optimal_spine_tree` (a spine with
+per-depth ``p_d`` plus branches anywhere, on top of the single-source forest values; its family
+contains the single-source trees and the chain) and :func:`brute_force_best`, the exhaustive
+oracle for both at small budgets.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from goose.policies.spine import harmonic_split  # the deployed rule, as the policy runs it
-from goose.theory.model import ROOT, SPINE, AcceptanceModel
+from goose.theory.model import ROOT, SPINE, AcceptanceModel, _depths
 from goose.tree import DraftTree
 
 BRANCH = "branch"
@@ -373,10 +366,7 @@ def brute_force_best(
     best_v, best_t = 1.0, make_tree((-1,), (ROOT,))
     for n in range(2, budget + 1):
         for parents in ordered_trees(n):
-            depth = [0] * n
-            for i in range(1, n):
-                depth[i] = depth[parents[i]] + 1
-            if max_depth is not None and max(depth) > max_depth:
+            if max_depth is not None and max(_depths(parents)) > max_depth:
                 continue
             ends = range(n) if spine else (0,)
             for end in ends:

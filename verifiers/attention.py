@@ -1,23 +1,21 @@
 """Grouped-query attention without copying the cache, in tree passes on the CPU.
 
-A model whose attention heads share key/value heads (grouped-query attention: SmolLM2 has 9 query
-heads on 3 key/value heads) runs transformers' ``sdpa`` backend in one of two ways. With no mask,
-torch's ``scaled_dot_product_attention(..., enable_gqa=True)`` reads the shared heads as they are.
-With a mask, which every tree pass has, transformers first copies each layer's whole key and value
-cache ``num_key_value_groups`` times (``repeat_kv``): on CUDA the masked GQA kernel would fall back
-to a slow one. On the CPU it does not, and the copy is pure cost: for SmolLM2 with 259 cached
-positions it was 60 copies of 0.6 MB per forward, 2.4-2.9 ms of a 36-39 ms tree pass (one-token
-passes have no mask and no copy). The output is the same to the bit (checked on SmolLM2: logits of
-an 8-node tree pass equal).
+A model whose query heads share key/value heads (grouped-query attention) runs transformers'
+``sdpa`` backend in one of two ways. With no mask, torch's ``scaled_dot_product_attention(...,
+enable_gqa=True)`` reads the shared heads as they are. With a mask, which every tree pass has,
+transformers first copies each layer's whole key and value cache ``num_key_value_groups`` times
+(``repeat_kv``), because on CUDA the masked GQA kernel would fall back to a slow one. On the CPU it
+does not, and the copy, which grows with the context, is pure cost (one-token passes have no mask
+and no copy). The output is the same to the bit (tests/test_kernels.py compares logits).
 
-:func:`tree_pass` marks the calling thread's tree pass. transformers picks a model's attention function
-by the name in its config, so a tree pass cannot name a function of its own without changing the
-model every thread shares; the ``sdpa`` entry of transformers' ``AttentionInterface`` mapping is
-therefore Goose's function only while at least one tree pass of Goose's runs, in any thread, and
-transformers' own again when the last one ends. Inside a marked pass of the calling thread, on the
-CPU with a mask and shared heads, it calls torch's kernel with ``enable_gqa=True``; every other
-call (other threads, other devices, one-token steps) goes to the function it stands in for,
-unchanged, with the same arguments, so what they compute is what they compute alone, to the bit.
+:func:`tree_pass` marks the calling thread's tree pass. transformers picks a model's attention
+function by the name in its config, so a tree pass cannot name a function of its own without
+changing the model every thread shares; the ``sdpa`` entry of transformers' ``AttentionInterface``
+mapping is therefore Goose's function only while at least one tree pass of Goose's runs, in any
+thread. Inside a marked pass of the calling thread, on the CPU with a mask and shared heads, it
+calls torch's kernel with ``enable_gqa=True``; every other call (other threads, other devices,
+one-token steps) goes to the function it stands in for, unchanged, so what they compute is what
+they compute alone, to the bit.
 
 The second part of this module says which tree mask each attention layer of a model with
 sliding-window layers gets (:func:`window_plan`, :func:`sliding_tree_mask`): Gemma-3 and the like

@@ -1,15 +1,14 @@
 """A key/value cache layer that appends in place: transformers' ``DynamicLayer`` with headroom.
 
 ``DynamicLayer.update`` appends a step's keys and values with ``torch.cat``, which copies the
-layer's whole cache on every forward: for SmolLM2 with 256 cached positions, 60 copies of 0.2 MB
-per step, about 2 ms of a 33 ms one-token forward on this project's CPUs, and the copy grows with
-the context. :class:`HeadroomLayer` keeps each layer's keys and values in a buffer with room to
-grow (256 positions or a quarter more, whichever is larger, reallocated when full: a 4,000-token
-prompt's cache takes 25% more memory, not twice as much) and writes a step's rows into it; ``keys`` and ``values`` are views of
-the filled part, so everything that reads the cache (the model's attention, Goose's commit, which
-gathers accepted rows through ``keys`` / ``values``, and ``crop``) sees what it saw before. The
-values are the same; attention reads them through a strided view, and its output is unchanged to
-the bit (``tests/test_kernels.py`` compares every logit of tree passes with and without headroom).
+layer's whole cache on every forward, a cost that grows with the context. :class:`HeadroomLayer`
+keeps each layer's keys and values in a buffer with room to grow (:data:`MIN_ROOM` positions or
+1/:data:`GROWTH` more, whichever is larger, reallocated when full: a long prompt's cache is not
+doubled) and writes a step's rows into it; ``keys`` and ``values`` are views of the filled part,
+so everything that reads the cache (the model's attention, Goose's commit, which gathers accepted
+rows through ``keys`` / ``values``, and ``crop``) sees what it saw before. Attention reads the
+same values through a strided view, and its output is unchanged to the bit
+(``tests/test_kernels.py`` compares every logit of tree passes with and without headroom).
 
 :func:`with_headroom` swaps the plain dynamic layers of a fresh ``DynamicCache`` for these; a
 sliding-window or any other layer class is left as it is.
@@ -117,18 +116,15 @@ def with_headroom(cache):
 # ---------------------------------------------------------------------------------------------
 # Sliding-window layers (transformers' DynamicSlidingWindowLayer, e.g. Gemma-3's local layers)
 #
-# Such a layer holds the last ``window - 1`` positions. By default its ``update`` drops the
-# oldest rows as soon as a forward appends new ones, so after a tree pass of n nodes the rows a
-# rejected tree pushed out would be lost; and its ``crop`` refuses to roll back once the window is
-# full. ``Cache.activate_past_recording()`` (public; transformers' own assisted decoding calls it)
-# makes ``update`` keep every row until the next ``crop``, and ``crop(-k)`` then drops the k
-# trailing rows and keeps the last ``window - 1`` of the rest: after the commit (gather the accepted
-# rows behind the committed ones, crop the others) the layer holds exactly the rows, and counts
-# exactly the positions, that one-token-at-a-time decoding would have left in it. The only things
-# Goose reads beyond the public ``crop`` / ``get_mask_sizes`` / ``activate_past_recording`` are each
-# layer's ``keys`` / ``values`` tensors (as for every layer) and their length, in
-# :func:`pass_rows_start`; tests/test_sliding_window.py checks the layer's behaviour this relies on,
-# so a transformers change to it fails there first.
+# Such a layer holds the last ``window - 1`` positions. By default its ``update`` drops the oldest
+# rows as soon as a forward appends new ones, so the rows a rejected tree pushed out would be lost,
+# and its ``crop`` refuses to roll back once the window is full. ``Cache.activate_past_recording()``
+# (public; transformers' assisted decoding calls it) makes ``update`` keep every row until the next
+# ``crop``, and ``crop(-k)`` then drops the k trailing rows and keeps the last ``window - 1`` of the
+# rest: after the commit the layer holds exactly the rows, and counts exactly the positions, that
+# one-token-at-a-time decoding would have left. Beyond those public methods and ``get_mask_sizes``,
+# Goose reads only each layer's ``keys`` / ``values`` and their length (:func:`pass_rows_start`);
+# tests/test_sliding_window.py checks the behaviour this relies on.
 
 
 def has_sliding_layers(cache) -> bool:

@@ -1,41 +1,31 @@
-"""Linear layers for few rows at the cost of one weight pass: ``weight @ x.T`` during tree passes.
+"""Linear layers for few rows at the cost of one weight pass, during tree passes.
 
 Verification is memory-bound: one pass over the weights can check many tokens. On some CPUs
-torch's ``F.linear`` on 2-64 rows takes a GEMM path that costs 2-4x a one-row GEMV (measured on
-an AVX2-only EPYC in issue 11: the 151,936 x 1,536 LM head of Qwen2.5-1.5B took 61 ms for one
-row and 231 ms for four; ``weight @ x.T``, 53 ms for four). Computing the same product as
-``weight @ x.T`` keeps a few rows near one weight pass there.
+torch's ``F.linear`` on 2-64 rows takes a GEMM path that costs several one-row GEMVs; the same
+product computed as ``weight @ x.T`` stays near one weight pass.
 
-:func:`rerouted` does this *temporarily*, through the stock model: for the duration of one tree
-pass, every plain ``torch.nn.Linear`` of the model gets an instance ``forward`` that computes
-rows 2..``MAX_ROWS`` as ``weight @ x.T`` in the calling thread (the ``stream`` form, rows
-1..``MAX_ROWS`` through verifiers/stream.py), and exactly ``F.linear`` otherwise (one-token
-steps of the other forms, other threads, larger inputs); the instance attributes are removed
-afterwards, so the model's modules are what they were. Rounding differs from ``F.linear``'s (as a
+:func:`rerouted` does this temporarily, through the stock model: for one tree pass every plain
+``torch.nn.Linear`` gets an instance ``forward`` that computes the calling thread's rows
+2..``MAX_ROWS`` in the chosen form (``stream``: rows 1..``MAX_ROWS``, through verifiers/stream.py)
+and exactly ``F.linear`` otherwise (other threads, larger inputs, one-row steps of the other
+forms); the instance attributes are removed afterwards. Rounding differs from ``F.linear``'s (as a
 multi-row GEMM's already differs from a one-row GEMV's): float32 outputs stay identical to greedy
 decoding unless a near-tie flips, which ``goose bench`` reports with its logit gap.
 
-A second form, ``packed``, keeps each weight in the layout MKL's GEMM reads, packed once per
-model (``cblas_sgemm_pack`` through ``torch.ops.mkl``: float32 on a CPU build with MKL). A plain
-``F.linear`` on 4-12 rows re-reads the weight in a slower order on every call; on this project's
-AMX machine a SmolLM2 forward of 8 tree nodes took 62.5 ms stock and 50.5 ms packed, and one of 4
-nodes 52.7 and 43.6 ms (one node: 34.6 ms). The packs cost memory: MKL pads each packed matrix
-to its own panel sizes, so a pack is 1x (SmolLM2's 49,152 x 576 LM head) to 4x (its 192 x 576
-key/value projections) the weight, 1,265 MiB in all beside SmolLM2's 513 MiB of linear weights
-(resident memory measured while packing, on an AVX-512 EPYC). The layout is opaque (torch cannot
-say its size), so each pack's size is measured as the process's resident-memory growth while it
-is made, at least the weight's own size (memory freed earlier and reused does not show as growth;
-:func:`packed_bytes`). They are made only where the estimate (:data:`PACK_RATIO` times
-the weights) fits the limit (the verifier's ``pack_limit_mib``; by default a quarter of the
-memory the system has available), dropped again if what they measure exceeds it, and only for a
-verifier that will use them (at its first prefill, so no timed tree pass pays for packing); a
-weight changed in place (its version counter moves) is packed again. The model's own weights stay
-as they are: the model is the caller's, and one-token steps, other decoders and ``model.generate``
-read them.
+The ``packed`` form keeps each weight in the layout MKL's GEMM reads (``cblas_sgemm_pack``
+through ``torch.ops.mkl``: float32 on a CPU build with MKL), packed once, where ``F.linear`` on a
+few rows re-reads the weight in a slower order on every call. MKL pads each pack to its own panel
+sizes, so a pack may be several times its weight; the layout is opaque, so a pack's size is taken
+as the process's resident-memory growth while it is made, at least the weight's own size (memory
+freed earlier and reused shows no growth). Packs are made only where the estimate
+(:data:`PACK_RATIO` times the weights) fits the limit (``pack_limit_mib``; by default a quarter of
+the available memory), dropped again if their measured size exceeds it, and re-made for a weight
+changed in place (its version counter moves). The verifier packs at its first prefill, so no
+timed tree pass pays for packing. The model's own weights stay as they are: one-token steps,
+other decoders and ``model.generate`` read them.
 
-Whether a form pays is measured, per device, dtype and tree size, by the latency calibration
-(``goose.latency.measure`` times each available form; the verifier's ``linear="auto"`` uses the
-fastest one for each size).
+Whether a form pays is measured per device, dtype and tree size by the latency calibration
+(``goose.verifiers.latency.measure``); ``linear="auto"`` uses the fastest form for each size.
 """
 
 from __future__ import annotations
@@ -56,7 +46,7 @@ MAX_ROWS = 64
 FORMS = ("skinny", "packed", "stream")
 # forms that also serve one-row passes (the plain steps); the others run F.linear there
 ONE_ROW_FORMS = ("stream",)
-# packed bytes / weight bytes assumed before packing (SmolLM2 measured 2.47: 1,265 / 513 MiB)
+# packed bytes / weight bytes assumed for a pack not yet made (a made one counts its measured size)
 PACK_RATIO = 2.5
 
 _local = threading.local()  # .forms: this thread's rerouted passes, innermost last (empty: stock)
@@ -84,13 +74,13 @@ def _tree_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
     x2 = x.reshape(rows, x.shape[-1])
     if form == "stream":
-        return stream.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.weight.shape[0])
-    if form == "packed":
+        out = stream.linear(x2, self.weight, self.bias)
+    elif form == "packed":
         out = torch.ops.mkl._mkl_linear(x2, _pack(self), self.weight, self.bias, rows)
-        return out.reshape(*x.shape[:-1], self.weight.shape[0])
-    out = torch.matmul(self.weight, x2.t()).t()
-    if self.bias is not None:
-        out = out + self.bias
+    else:
+        out = torch.matmul(self.weight, x2.t()).t()
+        if self.bias is not None:
+            out = out + self.bias
     return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
@@ -107,8 +97,7 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
             # the row count only sizes MKL's scratch; the packed layout serves any row count
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 8)
             grown = resident_bytes() - before
-            # memory freed earlier and still resident may be reused by the pack and not show as
-            # growth: a pack holds at least its weight's values, so that is the floor
+            # reused memory shows no growth: a pack holds at least its weight's values
             size = max(grown, w.numel() * w.element_size()) if before else int(PACK_RATIO * w.numel() * w.element_size())
             have = (w.data_ptr(), w._version, packed, size)
             _packs[m] = have
@@ -118,8 +107,7 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
 @functools.cache
 def _packing_works() -> bool:
     """Once per process, on a private layer: the packed product equals ``F.linear`` to float32
-    rounding at every row count the form serves (the layout is packed for one row count and used
-    for all; this checks that premise on the installed MKL)."""
+    rounding at every row count the form serves (a layout packed for one row count serves all)."""
     try:
         g = torch.Generator().manual_seed(0)
         w = torch.randn(48, 40, generator=g)
@@ -159,9 +147,9 @@ def pack_estimate(modules: list[torch.nn.Linear]) -> int:
 
 def packed_available(modules: list[torch.nn.Linear], limit_mib: int | None = None) -> bool:
     """Whether the packed form can serve these layers (:func:`packed_supported`) with packs within
-    the limit (:func:`pack_limit`: ``limit_mib``, or a quarter of the available memory; 0: never).
-    Packs already made count at their measured size (and are within the limit they were made
-    under, so an unchanged default limit keeps them even when memory has since filled)."""
+    the limit (:func:`pack_limit`; ``limit_mib`` 0: never). Packs already made count at their
+    measured size; the default limit adds them back (they are no longer available memory), so
+    they are kept as memory fills."""
     if limit_mib is not None and int(limit_mib) <= 0:
         return False
     if not packed_supported(modules):
@@ -229,8 +217,8 @@ def release_packs(modules: list[torch.nn.Linear]) -> None:
 def linears(model) -> list[torch.nn.Linear]:
     """The model's plain ``nn.Linear`` modules that run their class's own ``forward``.
 
-    Subclasses (quantised layers) are left alone, and so is any module whose ``forward`` was
-    already replaced on the instance by anyone but :func:`rerouted`: accelerate's hooks (offloading, device
+    Subclasses (quantised layers) are left alone, and so is any module whose ``forward`` someone
+    other than :func:`rerouted` replaced on the instance: accelerate's hooks (offloading, device
     maps) live there, and the reroute must neither replace nor remove them."""
     return [
         m for m in model.modules()
@@ -247,8 +235,9 @@ def _own_forward(m: torch.nn.Module) -> bool:
 
 @contextmanager
 def rerouted(model, modules: list[torch.nn.Linear] | None = None, form: str = "skinny"):
-    """Within the block, this thread's linear layers on 2..MAX_ROWS rows run in ``form``:
-    ``"skinny"`` (``weight @ x.T``) or ``"packed"`` (MKL's GEMM on weights packed once)."""
+    """Within the block, this thread's linear layers run in ``form`` (one of :data:`FORMS`) on the
+    row counts it serves (:func:`serves`): ``"skinny"`` (``weight @ x.T``), ``"packed"`` (MKL's
+    GEMM on weights packed once) or ``"stream"`` (verifiers/stream.py)."""
     if form not in FORMS:
         raise ValueError(f"linear form {form!r} is not one of {FORMS}")
     mods = linears(model) if modules is None else modules

@@ -1,44 +1,40 @@
 """A linear layer for 1-64 rows that reads each weight once per pass: ``x @ W.T`` compiled by numba.
 
-Verification is memory-bound only while a pass over n rows costs what reading the weights costs.
-torch's float32 ``F.linear`` on these CPUs does not get there: on an AMD EPYC (AVX-512, 2 threads)
-SmolLM2's 49,152 x 576 LM head took 9.5 ms for one row (11.9 GB/s) and 18.7 ms for 16 rows, and
-Qwen2.5-Coder-1.5B's 151,936 x 1,536 head 57 ms and 157 ms (docs/speed.md). This kernel walks the
-weight in blocks of twelve rows; each block is loaded once and multiplied with every input row from
-cache, two input rows at a time, 24 running sums held in registers (the loop over the inner
-dimension is vectorised by LLVM), threads splitting the blocks. The same heads took 4.2 ms and
-7.4 ms, 20 ms and 53 ms. Where the CPU has AVX-512 the kernel is instead verifiers/stream_ir.py's:
-blocks of six weight rows against four input rows (against one or two up to six rows), its vector
-loop written as LLVM IR so that it can prefetch the next block while it multiplies this one
-(:func:`kernel_info` says which runs; ``$GOOSE_STREAM_KERNEL=loop`` keeps numba's loop). The
-properties below hold for both.
+Verification is memory-bound only while a pass over n rows costs what reading the weights costs;
+torch's float32 ``F.linear`` on a few rows does not get there (docs/speed.md). numba's loop
+kernel (:func:`_xwt`) walks the weight in blocks of twelve rows; each block is loaded once and
+multiplied with every input row from cache, two input rows at a time, 24 running sums held in
+registers (LLVM vectorises the inner loop), threads splitting the blocks. Where the CPU has
+AVX-512 the kernel is instead verifiers/stream_ir.py's: blocks of six weight rows against four
+input rows (one or two up to six rows), its vector loop written as LLVM IR so that it can
+prefetch the next block while it multiplies this one (:func:`kernel_info` says which runs;
+``$GOOSE_STREAM_KERNEL=loop`` keeps numba's loop).
 
-Properties the verifier relies on:
+Properties the verifier relies on, for both kernels:
 
 - **The weights' own layout**: nothing is packed or copied; the only extra memory is the input
   padded to the kernel's row multiple (:func:`padded_rows`) and the output.
-- **Row invariance**: every output element is computed by the same instruction sequence (a row
-  alone is padded to the kernel's row multiple, or, in the block kernel, run by a job of one input
-  row whose sums are the same instructions; a weight's last rows that fill no block go through
-  one loop of their own), so a row's result does not depend on which other rows share the pass, nor on the
-  thread count (each output element is summed by one thread). tests/test_stream.py checks it bit
-  for bit.
+- **Row invariance**: every output element is computed by the same instruction sequence (a lone
+  row is padded or run by a job of one row with the same instructions; a weight's last rows that
+  fill no block go through one loop of their own), so a row's result depends neither on which
+  other rows share the pass nor on the thread count (each output element is summed by one
+  thread). tests/test_stream.py checks it bit for bit.
 - **Rounding**: the sums run in another order than MKL's, so a result differs from ``F.linear``'s
-  by float32 rounding; a greedy choice between two logits that close can flip. ``goose bench``
-  reports any divergence with its logit gap; docs/speed.md counts them.
+  by float32 rounding, which can flip a greedy choice between two near-equal logits; ``goose
+  bench`` reports any divergence with its logit gap.
 
-numba compiles the kernel for the CPU it runs on (AVX-512, AVX2) on first use and caches the
-machine code on disk; it installs as a wheel (no compiler at install time). Where numba is
-missing, or the weights are not float32 on the CPU, :func:`available` says so and the verifier
-keeps its other forms. numba's OpenMP threading layer, like torch's, is not fork-safe: a process
-forked after a stream pass should not run one.
+numba compiles the kernel for the host CPU on first use and caches the machine code on disk (a
+wheel: no compiler at install time). Where numba is missing, or the weights are not float32 on
+the CPU, :func:`available` says so and the verifier keeps its other forms. numba's OpenMP
+threading layer, like torch's, is not fork-safe: a process forked after a stream pass should not
+run one.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -49,7 +45,6 @@ W_BLOCK = 12  # weight rows per block
 # numba's "workqueue" threading layer (the fallback where no OpenMP or TBB runtime loads) must
 # not be entered by two threads at once; the other layers may be.
 _serial = threading.Lock()
-
 
 _prange = range  # numba.prange once the kernel is compiled (_kernel sets it before compiling)
 
@@ -157,8 +152,8 @@ def _xwt(x, w, out):
 
 
 def _xwt_rest(x, w, out, start):
-    # the weight rows from ``start`` on (fewer than twelve: a row count that is not a multiple of twelve),
-    # one at a time, against every pair of input rows
+    # the weight rows from ``start`` on (those that fill no block), one at a time, against every
+    # pair of input rows
     n, k_dim = x.shape
     zero = np.float32(0)
     for o in range(start, w.shape[0]):
@@ -175,7 +170,6 @@ def _xwt_rest(x, w, out, start):
             out[r + 1, o] = a1
 
 
-
 # Set to 0 to compile the kernel with numba's own choice of vector width (see _wide_vectors).
 WIDE_ENV = "GOOSE_STREAM_WIDE"
 _width: dict = {}  # "bits": the vector width asked of LLVM (512, or None: numba's default), "why": how it was decided
@@ -184,16 +178,14 @@ _width: dict = {}  # "bits": the vector width asked of LLVM (512, or None: numba
 def _wide_vectors(numba) -> None:
     """Ask LLVM for 512-bit vectors in the numba code compiled from now on, where the CPU has AVX-512.
 
-    LLVM's tuning for Intel's server cores (Skylake-SP to Sapphire Rapids) prefers 256-bit vectors
-    even where AVX-512 is there, so numba compiled this kernel's inner loop with ymm registers on an
-    AMX Xeon: half the multiply-adds per instruction, and from about 8 rows on the kernel is bound by
-    them (docs/speed.md, "Vector width"). AMD's Zen 4 and Zen 5 tuning already takes 512-bit vectors.
-    The features numba passes to LLVM are the host's plus ``-prefer-256-bit``; LLVM then uses
-    512-bit vectors where its cost model says they pay. numba builds one code generator per process
-    and reads the features once, when it compiles its first function, so this applies to numba code
-    compiled later in the process too (a tuning preference: results are as exact as before), and
-    it does nothing where numba has already compiled something, where ``NUMBA_CPU_FEATURES`` is set
-    or where ``$GOOSE_STREAM_WIDE`` is 0. :func:`vector_width` says which applied.
+    LLVM's tuning for some AVX-512 CPUs prefers 256-bit vectors, which halves the multiply-adds per
+    instruction of the kernel's inner loop, and from a few rows on the kernel is bound by them
+    (docs/speed.md, "Vector width"). The features numba passes to LLVM become the host's plus
+    ``-prefer-256-bit``; LLVM then uses 512-bit vectors where its cost model says they pay. numba
+    reads the features once per process, when it compiles its first function, so this applies to
+    numba code compiled later too (a tuning preference: results stay as exact), and does nothing
+    where numba has already compiled something, where ``NUMBA_CPU_FEATURES`` is set or where
+    ``$GOOSE_STREAM_WIDE`` is 0. :func:`vector_width` says which applied.
     """
     import os
 
@@ -231,12 +223,8 @@ _choice: dict = {}
 def _kernel():
     """``kernel(x, w, out, threads)`` computing ``out = x @ w.T`` (x's rows as :func:`padded_rows` gives
     them; ``threads``: the runs of weight blocks the block kernel splits the weight into, one a thread),
-    or None where numba cannot be imported. Compiled lazily, on first call.
-
-    Where numba's target CPU has AVX-512, it is the block kernel of
-    verifiers/stream_ir.py (six weight rows against four input rows, or up to six rows against one or
-    two at a time, written as IR, prefetching the next weight block); elsewhere, or with
-    ``$GOOSE_STREAM_KERNEL=loop``, numba's loop below (twelve weight rows against two input rows)."""
+    or None where numba cannot be imported. Compiled on first call: verifiers/stream_ir.py's block
+    kernel where numba's target CPU has AVX-512, else (or with ``$GOOSE_STREAM_KERNEL=loop``) :func:`_xwt`."""
     import os
 
     global _prange
@@ -373,9 +361,8 @@ def unavailable_reason(modules) -> str:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` on the CPU, by the streaming kernel.
 
-    The buffers are numpy arrays handed to torch without a copy: a pass makes about 200 of these calls
-    (SmolLM2: 7 a layer and the head), and torch's allocation and view calls cost more than the
-    kernel's own launch on the small layers."""
+    The buffers are numpy arrays handed to torch without a copy: a pass makes several calls a layer,
+    and on small layers torch's allocation and view calls would cost more than the kernel's launch."""
     rows, k_dim = x.shape
     if weight.shape[1] != k_dim:
         raise ValueError(f"input has {k_dim} features; the weight takes {weight.shape[1]}")
@@ -393,23 +380,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     on = np.empty((xn.shape[0], wn.shape[0]), np.float32)
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     # numba's thread count is the calling thread's own setting: set for the call, then set back
-    if serial:
-        with _serial:
-            mine = numba.get_num_threads()
-            numba.set_num_threads(threads)
-            try:
-                kernel(xn, wn, on, threads)
-            finally:
-                numba.set_num_threads(mine)
-    else:
+    with _serial if serial else nullcontext():
         mine = numba.get_num_threads()
-        if mine == threads:
-            kernel(xn, wn, on, threads)
-        else:
+        if mine != threads:
             numba.set_num_threads(threads)
-            try:
-                kernel(xn, wn, on, threads)
-            finally:
+        try:
+            kernel(xn, wn, on, threads)
+        finally:
+            if mine != threads:
                 numba.set_num_threads(mine)
     out = torch.from_numpy(on[:rows] if on.shape[0] != rows else on)
     if bias is not None:

@@ -4,11 +4,11 @@ numba's loop (``stream._xwt``) leaves the vectorising to LLVM, and two things ca
 from Python: a prefetch inside the vectorised loop (LLVM then stops vectorising it), and which
 values stay in registers. Here one *job*, six weight rows against four input rows, is built as IR
 with explicit ``<16 x float>`` multiply-adds into 24 vector sums, and while it runs over the inner
-dimension it prefetches, line by line, some of the rows of the weight block its thread reads next.
-On an AMX Xeon the read of a block then overlaps, in part, the arithmetic on the one before;
-without the prefetch they add up (docs/speed.md, "Tree passes against transformers' step"). Up to
-six input rows run instead in jobs of six weight rows against one or two, each prefetching all of
-the next block: on a Zen 5 EPYC, 3-6 rows ran 5-12 % faster that way than in jobs of four.
+dimension it prefetches, line by line, some of the rows of the weight block its thread reads next,
+so that the read of a block overlaps, in part, the arithmetic on the one before
+(docs/speed.md, "Tree passes against transformers' step"). Up to six input rows run instead in
+jobs of six weight rows against one or two, each prefetching all of the next block: few rows
+padded to jobs of four spend work on rows that are not there (docs/speed.md).
 
 The arithmetic of one output element does not depend on the job's neighbours, on the row count or
 on the thread count: sixteen lanes of fused multiply-adds over the inner dimension in steps of 16,
