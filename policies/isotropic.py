@@ -45,10 +45,6 @@ class IsotropicOptions(Options):
         None, description="source whose chain continues first at chain nodes when it proposes; None: the chains "
         "ranked by each source's measured acceptance (every source's chain is in the tree, policies/chains.py)"
     )
-    confidence: bool = Field(
-        True, description="budget + int(confidence * extension), as the spine policy (off: base budget)"
-    )
-    extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use")
     trust_min: float = Field(
         TRUST_MIN, ge=0.0, le=1.0,
         description="a chain's confidence buys the extension only while its (source, confidence tier) has a measured "
@@ -72,11 +68,11 @@ class IsotropicPolicy(MergingPolicy):
         st = ctx.state
         anchor = st.anchor
         chains = gather(ctx, self._chains)
-        if not o.confidence:
+        if not self.uses_confidence():
             chains = [Drafted(d.source, d.tokens[: d.base] if d.base else d.tokens, 0.0, d.base) for d in chains]
         ranked = rank(chains, self.rates, self._spine)
         conf = self.trusted(ranked[0]) if ranked else 0.0
-        budget = ctx.budget + int(conf * o.extension)
+        budget = ctx.budget + int(conf * self.extension())
         root = ctx.successors(anchor, st.prev_anchor)
         meta = {"chains": {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked},
                 "confidence": conf}

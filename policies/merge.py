@@ -17,6 +17,7 @@ from goose.interfaces import DraftSource, Options, TreePolicy
 from goose.policies.rates import SourceRates
 
 
+EXTENSION = 40  # extra nodes a fully confident step may use (the paper's +40)
 MIN_SCORE = 0.01  # successors scoring below this are not drafted (the merging policies' branches)
 TRUST_MIN = 0.2  # the depth-1 rate below which a (source, tier)'s confidence buys nothing (policies' trust_min)
 
@@ -100,13 +101,21 @@ class MergingPolicy(TreePolicy):
 
     def trusted(self, drafted: Drafted | None) -> float:
         """The confidence ``drafted`` may spend (extension, spine share, bypass): :meth:`SourceRates.trusted`
-        at this policy's ``trust_min``; 0 with the ``confidence`` option off."""
-        if not self.options.confidence:
+        at this policy's ``trust_min``; 0 where confidence is not used (:meth:`uses_confidence`)."""
+        if not self.uses_confidence():
             return 0.0
         return self.rates.trusted(drafted, self.options.trust_min)
+
+    def uses_confidence(self) -> bool:
+        """Whether a chain's confidence buys anything (extension, spine share, bypass)."""
+        return True
+
+    def extension(self) -> int:
+        """The extra nodes a fully confident chain's step may use."""
+        return EXTENSION
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
         return frozenset(s.name for s in sources)  # every chain merges into the tree, every successor source branches
 
     def max_nodes(self, budget: int) -> int:
-        return budget + (self.options.extension if self.options.confidence else 0)
+        return budget + (self.extension() if self.uses_confidence() else 0)

@@ -150,6 +150,12 @@ class SpinePolicy(MergingPolicy):
         super().__init__(options)
         self.begin(None)
 
+    def uses_confidence(self) -> bool:
+        return self.options.confidence
+
+    def extension(self) -> int:
+        return self.options.extension
+
     def make_rates(self) -> SourceRates:
         return SourceRates(RATE_PRIOR, RATE_WEIGHT, carry=RATE_CARRY)
 
