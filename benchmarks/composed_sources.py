@@ -79,7 +79,6 @@ def main() -> int:
         (["pld", "tr"], "spine-fit", None),
         (["pld", "recall", "tr"], "spine-fit", None),
         (["recall", "pld", "tr"], "spine-fit", None),
-        (["pld", "recall", "tr"], "spine-fit{shadow_depth=1}", None),  # one depth past the verified spine
         (["pld", "recall", "tr"], "spine-fit{shadow=false}", None),
         (["suffix"], "chain", None),  # the built-in cross-request source (plugins/suffix.py)
         (["pld", "suffix", "tr"], "spine", None),

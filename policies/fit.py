@@ -7,9 +7,9 @@ vectors ``q^o_r``, siblings' events disjoint, spine child first), with the rates
 from this generation's verified trees (:func:`goose.theory.calibrate.count_step`, shrunk toward a
 prior by :func:`goose.theory.calibrate.smoothed`; one set of rates per route, since a bypass
 chain is drafted only when the context match is confident, the bypass route's rates shrunk toward what
-its lead source earned on the other routes, ``pool_routes``: depth 1 from its own confidence tier,
-the deeper depths from every tier, ``pool_tiers``; the spine depths the fit cut are
-checked in hindsight against the tokens later steps commit, ``shadow`` and ``shadow_depth``; a
+its lead source earned on the other routes: depth 1 from its own confidence tier,
+the deeper depths from every tier; the spine depths the fit cut are
+checked in hindsight against the tokens later steps commit, ``shadow`` and ``SHADOW_DEPTH``; a
 chain that continues such a spine, its earlier tokens all committed, is shaped with the rates from
 the depth it has reached, ``continuation``). It keeps the subtree that maximises
 expected tokens per second:
@@ -48,10 +48,10 @@ The rates are kept per :class:`Route`: the inner policy's route for the tree (``
   prior)``). A curve measured at another context length, or under other load, stops misleading.
 - *Calibrated acceptance*: when the model has predicted more accepted tokens than the fitted
   steps committed, the expected gain is scaled down by that ratio (never up).
-- *Budgeted exploration*: after ``explore_every`` fallbacks in a row, a small tree (the
-  likeliest nodes that cost at most ``explore_cost`` plain steps) is verified so that rates keep
+- *Budgeted exploration*: after ``EXPLORE_EVERY`` fallbacks in a row, a small tree (the
+  likeliest nodes that cost at most ``EXPLORE_COST`` plain steps) is verified so that rates keep
   learning, but only while the time exploration has lost against plain steps stays within
-  ``explore_share`` of all the time observed.
+  ``EXPLORE_SHARE`` of all the time observed.
 
 All four carry across the decoder's requests with the acceptance counts (``carry``).
 """
@@ -83,6 +83,13 @@ MAX_DEPTH_BUCKET = 8  # per-class rates (a tree the acceptance model cannot read
 MAX_SPINE_DEPTH = 32  # spine depths beyond this share one rate
 CARRY = 0.5  # share of the acceptance counts carried into the decoder's next generation
 MAX_RANK = 16  # sibling ranks beyond this are given probability 0
+EXPLORE_EVERY = 8  # after this many fallbacks in a row, a small exploration tree is verified
+EXPLORE_COST = 2.0  # an exploration tree costs at most this many plain steps on the curve (at least one node)
+EXPLORE_SHARE = 0.02  # exploration may lose at most this share of the observed time against plain steps
+PREFILL_STEPS = 1.0  # the prefill's extra logit rows may cost at most this many plain steps (LM head's cost per row)
+SHADOW_DEPTH = 64  # spine depths past the verified spine a step's inner spine is checked for, in hindsight
+# a bypass route's spine rates shrink toward what its lead source earned on the other routes (pooled), its depth 1
+# from its own confidence tier only, its deeper depths from every tier of that source
 
 
 class FitOptions(Options):
@@ -96,41 +103,12 @@ class FitOptions(Options):
         None, description="fixed forward latency {tree size: seconds}; None: measured once for the model"
     )
     prior: float = Field(0.1, ge=0.0, le=1.0, description="prior acceptance probability of a node class (pessimistic: trees must be earned by observed rates)")
-    explore_every: int = Field(8, ge=1, description="after this many fallbacks in a row, verify a small exploration tree")
-    explore_cost: float = Field(
-        2.0, ge=1.0, description="an exploration tree costs at most this many plain steps on the latency curve (at least one node)"
-    )
-    explore_share: float = Field(
-        0.02, ge=0.0, le=1.0,
-        description="exploration may lose at most this share of the observed time against plain steps",
-    )
-    correct_latency: bool | None = Field(
-        None,
-        description="correct the latency curve by the steps' observed times (None: on for a measured "
-        "curve, off for a fixed `latency`)",
-    )
-    prefill_steps: float | None = Field(
-        1.0, ge=0.0,
-        description="the prefill's extra logit rows (what the sources learn from) may cost at most this many "
-        "plain steps, by the LM head's measured cost per row (None: as many as the sources ask)",
-    )
     shadow: bool = Field(
         True,
         description="also learn the spine rates past what was verified (the spine nodes the fit cut, all "
         "of them on a plain step), checked in hindsight against the tokens the target commits there in this and "
-        "the following steps (up to shadow_depth depths), so that deeper spine nodes are earned by evidence "
+        "the following steps (up to SHADOW_DEPTH depths), so that deeper spine nodes are earned by evidence "
         "instead of staying at the prior",
-    )
-    pool_routes: bool = Field(
-        True,
-        description="the bypass route's spine rates (a confident match's chain) are shrunk toward the rates "
-        "its lead source has earned on the policy's other routes, not toward the prior, so a source that has earned "
-        "depth keeps it when the inner policy switches to the bypass",
-    )
-    pool_tiers: bool = Field(
-        True,
-        description="with pool_routes: a bypass route's depths 2 and deeper borrow from every confidence tier of "
-        "its lead source (depth 1 from its own tier only); False: from its own tier only",
     )
     source_priors: dict[str, list[tuple[float, float, float]]] | None = Field(
         None,
@@ -146,11 +124,6 @@ class FitOptions(Options):
         "tokens are that spine's next ones, every one before them committed) is given that spine's route's rates "
         "from the depth it has reached (p_{K+1}, p_{K+2}, ... after K committed) when its tree is shaped, not a fresh "
         "chain's from depth 1 (what is learned is unchanged)",
-    )
-    shadow_depth: int = Field(
-        64, ge=1,
-        description="with shadow: how many spine depths past the verified spine a step's inner spine is "
-        "checked for, against the tokens this and the following steps commit (1: the target's next token only)",
     )
 
     @field_validator("source_priors")
@@ -248,10 +221,10 @@ class FitPolicy(TreePolicy):
         return self.inner.max_nodes(budget)
 
     def prefill_positions(self, prompt_len: int, wanted: int) -> int:
-        """At most the rows whose LM-head cost fits ``prefill_steps`` plain steps (measured curves only)."""
-        c, steps = self.curve, self.options.prefill_steps
+        """At most the rows whose LM-head cost fits ``PREFILL_STEPS`` plain steps (measured curves only)."""
+        c, steps = self.curve, PREFILL_STEPS
         wanted = self.inner.prefill_positions(prompt_len, wanted)
-        if c is None or steps is None:
+        if c is None:
             return wanted
         cap = c.head_rows_within(steps * c(1))
         return wanted if cap is None else max(1, min(wanted, cap))
@@ -306,8 +279,7 @@ class FitPolicy(TreePolicy):
 
     # -- what the observed steps say ----------------------------------------------------------------
     def _correcting(self) -> bool:
-        c = self.options.correct_latency
-        return (not self.options.latency) if c is None else c
+        return not self.options.latency  # a measured curve is corrected, a fixed one is taken as given
 
     def _ratios(self) -> tuple[float, float]:
         """(plain, tree) ratios of observed step time to the curve's prediction, prior 1."""
@@ -369,13 +341,13 @@ class FitPolicy(TreePolicy):
         c = self.counts
         if best_m == 0:
             self.streak += 1
-            limit = self.options.explore_cost * t[1]
+            limit = EXPLORE_COST * t[1]
             best_m = 1
             while best_m < n - 1 and (t[best_m + 2] if best_m + 2 < len(t) else self.curve(best_m + 2)) <= limit:
                 best_m += 1
             # its worst loss against a plain step, on the corrected curve
             worst = (t[best_m + 1] if best_m + 1 < len(t) else self.curve(best_m + 1)) * rt - t[1] * r1
-            if self.streak < self.options.explore_every or not self._may_explore(worst):
+            if self.streak < EXPLORE_EVERY or not self._may_explore(worst):
                 c["fallback_steps"] += 1
                 # the anchor alone, carrying the chains laid out: the plain step's token books each one's depth 1
                 # (a source that is right but not yet trusted earns its way in; one that is wrong loses its tier)
@@ -419,7 +391,7 @@ class FitPolicy(TreePolicy):
     def _may_explore(self, worst: float) -> bool:
         """Explore only if even a total loss of this step keeps exploration within its share."""
         ob = self.observed
-        return ob["explore_lost"] + max(0.0, worst) <= self.options.explore_share * (ob["time"] + worst)
+        return ob["explore_lost"] + max(0.0, worst) <= EXPLORE_SHARE * (ob["time"] + worst)
 
     def _model(self, route: Route) -> AcceptanceModel:
         """The route's rates: its counts smoothed toward its start (``_tier_prior``, else ``prior``), or for a
@@ -428,7 +400,7 @@ class FitPolicy(TreePolicy):
         if m is None:
 
             o = self.options
-            toward = self._earned_elsewhere(route) if o.pool_routes else None
+            toward = self._earned_elsewhere(route)
             m = self.models[route] = smoothed(
                 self.route_counts[route], o.prior, PRIOR_WEIGHT, MAX_SPINE_DEPTH, MAX_RANK, toward=toward,
                 start=self._tier_prior(route),
@@ -454,15 +426,12 @@ class FitPolicy(TreePolicy):
         Only the bypass route borrows. It is drafted only when the match is confident, so the rates its
         source earned on every route are a pessimistic start for it. The other routes differ by what
         competes with the spine for nodes (TR's branches on ``spine``, nothing on ``chain``), so one's
-        rates would mislead the other: pooling the spine and chain routes gave Gemma-3 GSM8K tau 1.73
-        against 1.94 kept apart (docs/results-archive.md).
+        rates would mislead the other.
 
         Depth 1 is pooled over the routes of the same confidence tier only (where a chain starts is what a
-        tier says: Gemma-3's first proposals held their first token 0.94 of the time at tier 1.0, 0.70 at
-        0.7-0.9), the deeper depths over every tier of the source (the rate of depth d given d - 1 is much
-        the same in every tier; docs/results.md, section 10, and docs/results-archive.md): a consensus match that carries on a loop the
-        source's long matches have already held through starts with that depth earned. ``pool_tiers=False``:
-        the same tier only, at every depth."""
+        tier says), the deeper depths over every tier of the source (the rate of depth d given d - 1 is much
+        the same in every tier; docs/results.md, section 10): a consensus match that carries on a loop the
+        source's long matches have already held through starts with that depth earned."""
 
         if route.kind != "bypass" or route.lead is None:
             return None
@@ -471,8 +440,6 @@ class FitPolicy(TreePolicy):
             if r == route or r.lead != route.lead:
                 continue
             same = r.tier == route.tier
-            if not same and not self.options.pool_tiers:
-                continue
             for d, v in c.spine_trials.items():
                 if same or d >= 2:
                     pooled.spine_trials[d] += v
@@ -520,7 +487,7 @@ class FitPolicy(TreePolicy):
         """Spine trials past the verified spine, in hindsight. When the walk accepted every spine node
         kept (none on a plain step) and the inner tree's spine went on, its next tokens are checked,
         depth by depth, against the tokens the target committed there: the rest of this step's walk
-        and its bonus, then what the following steps commit (up to ``shadow_depth`` depths, stopping
+        and its bonus, then what the following steps commit (up to ``SHADOW_DEPTH`` depths, stopping
         at the first miss). Each trial is conditioned as the rate is (every shallower spine token
         right), so the estimate stays unbiased, while deep depths get evidence they would otherwise
         only get from trees the rates do not yet justify: a source that has earned long chains
@@ -541,11 +508,11 @@ class FitPolicy(TreePolicy):
         route, spine = shadow
         kept = sum(1 for o in origins if o == "spine")
         if kept < len(spine) and len(path) >= kept + 1 and all(origins[i] == "spine" for i in path[1 : kept + 1]):
-            last = min(len(spine), kept + self.options.shadow_depth)
+            last = min(len(spine), kept + SHADOW_DEPTH)
             trial = [route, spine, kept, last]  # route, spine tokens, next index to check, index to stop at
             if self._check(trial, committed[kept:]):
                 still.append(trial)
-        self._open = still[-self.options.shadow_depth :]
+        self._open = still[-SHADOW_DEPTH :]
 
     def _check(self, trial: list, tokens: Sequence[int]) -> bool:
         """Book the trial's spine against committed ``tokens``; True while it stays open."""
