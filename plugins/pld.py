@@ -24,12 +24,19 @@ LONG_MATCH = 8  # a match this long counts as a long match
 
 
 class PLDOptions(Options):
-    ngram_sizes: tuple[int, ...] = Field((5, 4, 3), description="n-gram sizes tried, longest first")
-    max_chain: int = Field(20, ge=1, le=4096, description="tokens copied per match")
-    occurrence: Literal["earliest", "latest"] = Field(
-        "earliest", description="which earlier occurrence to copy from (classic PLD uses 'latest')"
+    ngram_sizes: tuple[int, ...] = Field((5, 4, 3), description="n-gram sizes tried, longest first",
+        json_schema_extra={"why": "shorter n-grams match more often but less reliably: tune to the text (code, prose)"},
     )
-    extend: bool = Field(True, description="chain extension: re-query from the end of the draft")
+    max_chain: int = Field(20, ge=1, le=4096, description="tokens copied per match",
+        json_schema_extra={"why": "a longer copy pays where the text repeats long spans (code edits, vLLM chains)"},
+    )
+    occurrence: Literal["earliest", "latest"] = Field(
+        "earliest", description="which earlier occurrence to copy from (classic PLD uses 'latest')",
+        json_schema_extra={"why": "'latest' reproduces classic prompt lookup (preset pld-latest)"},
+    )
+    extend: bool = Field(True, description="chain extension: re-query from the end of the draft",
+        json_schema_extra={"why": "off: the paper's ablation without chain extension"},
+    )
 
     @field_validator("ngram_sizes")
     @classmethod

@@ -78,29 +78,43 @@ class SuffixOptions(Options):
     history: int = Field(
         16, ge=0, le=1_000_000,
         description="earlier requests of this decoder kept for matching (prompt + output each); 0: no history",
+        json_schema_extra={"why": "memory, and whether other requests are matched at all (0: this request only)"},
     )
     history_tokens: int = Field(
         65536, ge=0,
         description="most tokens kept across the history; the oldest requests are evicted first",
+        json_schema_extra={"why": "memory bound of the history, in tokens"},
     )
     history_prompts: bool = Field(
-        True, description="keep earlier requests' prompts in the history, not only their outputs"
+        True, description="keep earlier requests' prompts in the history, not only their outputs",
+        json_schema_extra={"why": "off: match earlier outputs only, where prompts repeat but their answers do not"},
     )
-    max_pattern: int = Field(32, ge=1, le=1024, description="longest suffix of the current text matched")
-    min_pattern: int = Field(2, ge=1, le=1024, description="shortest match accepted")
-    max_depth: int = Field(24, ge=1, le=4096, description="deepest node of a proposal")
-    max_nodes: int = Field(32, ge=1, le=4096, description="most nodes in a proposal tree")
+    max_pattern: int = Field(32, ge=1, le=1024, description="longest suffix of the current text matched",
+        json_schema_extra={"why": "matching cost per step against how specific a match is"},
+    )
+    min_pattern: int = Field(2, ge=1, le=1024, description="shortest match accepted",
+        json_schema_extra={"why": "raise it where short matches draft noise"},
+    )
+    max_depth: int = Field(24, ge=1, le=4096, description="deepest node of a proposal",
+        json_schema_extra={"why": "the deepest token worth drafting on this device (SuffixDecoding's max tree depth)"},
+    )
+    max_nodes: int = Field(32, ge=1, le=4096, description="most nodes in a proposal tree",
+        json_schema_extra={"why": "the tree size the verifier can afford per step"},
+    )
     max_occurrences: int = Field(
         64, ge=1, le=1_000_000,
         description="occurrences of the matched suffix considered, most recent first (bounds the work per step)",
+        json_schema_extra={"why": "work per step on very repetitive histories"},
     )
     min_prob: float = Field(
         0.1, ge=0.0, le=1.0,
         description="drop continuations whose estimated probability of being reached falls below this",
+        json_schema_extra={"why": "draft length against wasted nodes (SuffixDecoding's min_token_prob)"},
     )
     tree: bool = Field(
         True, description="propose the tree of continuations; False: only its likeliest chain (for engines that "
         "verify one chain, e.g. vLLM; cheaper: no branch is grown)",
+        json_schema_extra={"why": "off for engines that verify one chain (vLLM): the likeliest chain only"},
     )
 
     @model_validator(mode="after")

@@ -46,29 +46,36 @@ _EMPTY: tuple[tuple[int, ...], tuple[float, ...]] = ((), ())
 
 
 class TROptions(Options):
-    k: int = Field(10, ge=1, le=256, description="successors kept per token (top-K of the target's logits)")
+    k: int = Field(10, ge=1, le=256, description="successors kept per token (top-K of the target's logits)",
+        json_schema_extra={"why": "branch width against the table's memory (vocabulary x k); the original TR uses 8"},
+    )
     bigram: bool = Field(
-        True, description="keep a (previous token, token) tier, consulted before the per-token row"
+        True, description="keep a (previous token, token) tier, consulted before the per-token row",
+        json_schema_extra={"why": "off: the ablation without the pair tier (preset spine-nobigram); saves memory"},
     )
     prefill_harvest: bool = Field(
-        True, description="seed the table from the prompt's prefill logits (off: decoding passes only)"
+        True, description="seed the table from the prompt's prefill logits (off: decoding passes only)",
+        json_schema_extra={"why": "off: the ablation without the prompt's rows (preset spine-noprefill)"},
     )
     prefill_window: int | None = Field(
         256,
         ge=1,
         description="harvest only the last this many prompt positions (the prefill then computes "
         "that many logit rows instead of prompt_len x vocab); None: every position, as in the reference",
+        json_schema_extra={"why": "memory and time of long prompts (None: every prompt position, as the reference)"},
     )
     prefill_max_mib: float = Field(
         64.0,
         gt=0.0,
         description="and at most as many positions as fit this many MiB of float32 logits (a 151,936-token "
         "vocabulary: 110 rows); the prompt_len x vocab matrix of a long prompt outgrows the model",
+        json_schema_extra={"why": "memory cap on the prefill's logit rows for large vocabularies"},
     )
     warm: bool = Field(
         False,
         description="keep the table across generate() calls of one decoder (off: a new table per "
         "request, as in the GOOSE reference; the original Token Recycling keeps it)",
+        json_schema_extra={"why": "keep the table across requests (the original TR; preset spine-warm)"},
     )
     min_score: float = Field(
         0.0,
@@ -76,6 +83,7 @@ class TROptions(Options):
         lt=1.0,
         description="successors() drops entries scoring below this (tree policies apply their own "
         "threshold too; 0 keeps all K)",
+        json_schema_extra={"why": "drop weak successors where branches are costly"},
     )
 
 

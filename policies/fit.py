@@ -93,22 +93,31 @@ SHADOW_DEPTH = 64  # spine depths past the verified spine a step's inner spine i
 
 
 class FitOptions(Options):
-    inner: str = Field("spine", description="registered policy whose trees are fitted")
-    inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy")
+    inner: str = Field("spine", description="registered policy whose trees are fitted",
+        json_schema_extra={"why": "which policy's trees are fitted to the device"},
+    )
+    inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy",
+        json_schema_extra={"why": "the inner policy's options"},
+    )
     spine_source: str | None = Field(
         None, description="the chain source of the spine, passed on to the inner policy (and the policies it "
         "wraps); None: theirs (the first non-successor source)",
+        json_schema_extra={"why": "force the spine's chain source through every wrapped policy"},
     )
     latency: dict[int, float] | None = Field(
-        None, description="fixed forward latency {tree size: seconds}; None: measured once for the model"
+        None, description="fixed forward latency {tree size: seconds}; None: measured once for the model",
+        json_schema_extra={"why": "a fixed latency curve: reproducible runs, no calibration, or another device's curve"},
     )
-    prior: float = Field(0.1, ge=0.0, le=1.0, description="prior acceptance probability of a node class (pessimistic: trees must be earned by observed rates)")
+    prior: float = Field(0.1, ge=0.0, le=1.0, description="prior acceptance probability of a node class (pessimistic: trees must be earned by observed rates)",
+        json_schema_extra={"why": "how much evidence a tree must earn before it is drafted (higher: drafts sooner)"},
+    )
     shadow: bool = Field(
         True,
         description="also learn the spine rates past what was verified (the spine nodes the fit cut, all "
         "of them on a plain step), checked in hindsight against the tokens the target commits there in this and "
         "the following steps (up to SHADOW_DEPTH depths), so that deeper spine nodes are earned by evidence "
         "instead of staying at the prior",
+        json_schema_extra={"why": "off: learn spine rates from verified nodes only (an ablation)"},
     )
     source_priors: dict[str, list[tuple[float, float, float]]] | None = Field(
         None,
@@ -117,6 +126,7 @@ class FitOptions(Options):
         "chains are learned apart from the source's other chains (route 'spine@pld^1'), shrunk toward (p_1, p_deeper) "
         "instead of `prior`. None: each source's tiers as `goose tiers` measured and stored them (pld's ship with "
         "Goose); {}: every spine starts at `prior`",
+        json_schema_extra={"why": "start a source's rates from tiers of your own ({}: from the prior)"},
     )
     continuation: bool = Field(
         True,
@@ -124,6 +134,7 @@ class FitOptions(Options):
         "tokens are that spine's next ones, every one before them committed) is given that spine's route's rates "
         "from the depth it has reached (p_{K+1}, p_{K+2}, ... after K committed) when its tree is shaped, not a fresh "
         "chain's from depth 1 (what is learned is unchanged)",
+        json_schema_extra={"why": "off: a chain that continues a checked spine starts from depth 1 (an ablation)"},
     )
 
     @field_validator("source_priors")

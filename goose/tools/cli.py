@@ -20,7 +20,8 @@ KIND_TITLES = {"source": "Draft sources", "policy": "Tree policies", "verifier":
 
 
 def _option_rows(fields: dict, preset: dict) -> list[str]:
-    """A Markdown table of pydantic ``fields``: name, default (``preset``'s value first), description."""
+    """A Markdown table of pydantic ``fields``: name, default (``preset``'s value first), description, and why a
+    user would set it (the field's ``json_schema_extra["why"]``)."""
     def default_cell(field: str, info) -> str:
         # the preset's value, else what a default_factory makes, else the plain default; a required field says
         # so and what to pass (never pydantic's sentinel)
@@ -36,10 +37,11 @@ def _option_rows(fields: dict, preset: dict) -> list[str]:
             value = info.default
         return f"`{value!r}`".replace("|", "\\|")
 
-    rows = ["| option | default | description |", "| --- | --- | --- |"]
+    rows = ["| option | default | description | why you would set it |", "| --- | --- | --- | --- |"]
     for f, info in fields.items():
         desc = (info.description or "").replace("|", "\\|")
-        rows.append(f"| `{f}` | {default_cell(f, info)} | {desc} |")
+        why = ((info.json_schema_extra or {}).get("why") or "").replace("|", "\\|")
+        rows.append(f"| `{f}` | {default_cell(f, info)} | {desc} | {why} |")
     return rows + [""]
 
 
