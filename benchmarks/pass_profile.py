@@ -111,16 +111,19 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    import goose
     from goose.verifiers import machine
     from goose.verifiers.latency import _Timer
     from goose.tools import models
     from goose.verifiers import stream
 
-    model, _ = models.load(args.model, "float32")
+    model, tok = models.load(args.model, "float32")
     sizes = [int(s) for s in args.sizes.split(",")]
-    timer = _Timer(model, None, 256, 60.0)
+    # the built-in verifier as a default decoder composes it, timed through its speed protocol (time_pass)
+    verifier = goose.compose(model, tok, sources=[], policy="none", budget=1).verifier
+    timer = _Timer(verifier, 256, 60.0)
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, timer.v.vocab_size, (1, 200), generator=g)
+    prompt = torch.randint(0, verifier.vocab_size, (1, 200), generator=g)
 
     def hf_step() -> float:
         def gen(n):
@@ -153,7 +156,7 @@ def main() -> None:
         for n in sizes:
             parts[n]["linear layers alone"].append(alone([c for cs in calls[n].values() for c in cs], 1))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
-    timer.v.end()
+    verifier.end()
 
     med = lambda xs: statistics.median(xs)  # noqa: E731
     step = med(plain["step"])

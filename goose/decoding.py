@@ -261,6 +261,13 @@ class Decoder:
         with self._lock:
             self._idle.append(worker)
 
+    @property
+    def component_sets_in_use(self) -> int:
+        """How many of this decoder's component sets ``generate`` calls hold now: 0 once every call has
+        returned (each set is back in the pool, for a later call to reuse)."""
+        with self._lock:
+            return self._workers - len(self._idle)
+
     def __repr__(self) -> str:
         return f"<goose.Decoder {self.description}>"
 

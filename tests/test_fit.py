@@ -8,6 +8,11 @@ import goose
 from goose.verifiers.latency import LatencyCurve, curve_for, measure
 from goose.testing import ToyCausalLM, reference_greedy
 
+
+def _verifier(model):
+    """The built-in verifier bound to ``model`` as a default decoder composes it: what the calibration times."""
+    return goose.greedy(model).verifier
+
 FLAT = {1: 1.0, 128: 1.0}  # a forward over 128 tokens costs one token's (GPU-like)
 STEEP = {1: 1.0, 2: 2.0, 128: 128.0}  # cost grows with every token: nothing pays unless certain
 
@@ -37,7 +42,7 @@ def test_fit_is_lossless(prompt, n, latency, prior, tiers, continuation):
 
 
 def test_steep_latency_falls_back_to_plain_decoding():
-    out = run([1, 2, 3, 4] * 5, 60, STEEP, prior=0.3, explore_every=1000)
+    out = run([1, 2, 3, 4] * 5, 60, STEEP, prior=0.3)
     st_ = out.stats.extra["policy"]
     assert st_["fit_fallback_steps"] > 0
     assert out.stats.routes.get("single", 0) >= st_["fit_fallback_steps"]
@@ -58,10 +63,11 @@ def test_latency_curve_interpolates_and_extends():
 
 def test_measure_and_cache_on_a_model():
     m = ToyCausalLM(16, max_positions=4096)
-    c = measure(m, sizes=(1, 2, 4), past_len=16, repeats=1)
+    v = _verifier(m)
+    c = measure(m, v, sizes=(1, 2, 4), past_len=16, repeats=1)
     assert c.sizes == (1, 2, 4) and all(t > 0 for t in c.seconds)
-    c1 = curve_for(m)
-    c2 = curve_for(m)  # second call: from the cache file
+    c1 = curve_for(m, v)
+    c2 = curve_for(m, v)  # second call: from the cache file
     assert c1 == c2
 
 
@@ -78,7 +84,8 @@ def _clocked_toy(monkeypatch, seconds_per_token: float, fixed: float = 0.0, extr
             return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
 
     monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
-    return clock, Slow(16)
+    model = Slow(16)
+    return clock, model, _verifier(model)
 
 
 def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
@@ -86,9 +93,9 @@ def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
 
     The clock is the model's own (each forward advances it by 2 ms a token), so the test does not
     depend on the machine's load."""
-    clock, model = _clocked_toy(monkeypatch, 0.002)
+    clock, model, v = _clocked_toy(monkeypatch, 0.002)
     lines = []
-    c = measure(model, past_len=8, repeats=2, stop_ratio=4.0, progress=lines.append)
+    c = measure(model, v, past_len=8, repeats=2, stop_ratio=4.0, progress=lines.append)
     assert c.sizes == (1, 2, 3, 4, 5)  # 5 tokens cost 5 > 4 x t(1): the last size measured
     assert c.seconds == pytest.approx((0.002, 0.004, 0.006, 0.008, 0.010))
     assert any("size 1:" in x for x in lines) and any("round 2/2" in x for x in lines)
@@ -97,9 +104,9 @@ def test_measure_stops_where_trees_cannot_pay_and_reports_progress(monkeypatch):
 
 def test_measure_keeps_to_its_time_budget_on_a_slow_steep_model(monkeypatch):
     """0.3 s a token (a 1.5B model on an AVX2-only CPU): measuring ends within 30 s, before size 16."""
-    clock, model = _clocked_toy(monkeypatch, 0.3)
+    clock, model, v = _clocked_toy(monkeypatch, 0.3)
     lines = []
-    c = measure(model, past_len=8, repeats=3, stop_ratio=100.0, progress=lines.append)  # the ratio never stops it
+    c = measure(model, v, past_len=8, repeats=3, stop_ratio=100.0, progress=lines.append)  # the ratio never stops it
     assert clock["t"] <= 25.0  # the budget (the issue's limit for first use is 30 s)
     walked = [n for n in c.sizes if n == 1 or c.sizes[c.sizes.index(n) - 1] == n - 1]  # the contiguous walk
     assert 4 <= walked[-1] < 16 and any("time budget reached" in x for x in lines)
@@ -111,9 +118,9 @@ def test_a_budget_stopped_curve_times_larger_anchor_sizes_instead_of_extending_i
     """A forward with a large fixed cost (1 s, plus 20 ms a token: a big model whose weights are read
     once per pass): the walk stops early for the budget, and anchors up to 64 are timed once, so a
     48-token chain is priced near its real 1.96 s, not the 7.8 s a proportional extension gives."""
-    clock, model = _clocked_toy(monkeypatch, 0.02, fixed=1.0)
+    clock, model, v = _clocked_toy(monkeypatch, 0.02, fixed=1.0)
     lines = []
-    c = measure(model, past_len=8, repeats=3, progress=lines.append, measure_head=False)
+    c = measure(model, v, past_len=8, repeats=3, progress=lines.append, measure_head=False)
     assert clock["t"] <= 25.0
     assert c.sizes[-1] == 64 and 32 in c.sizes and max(n for n in c.sizes if n < 8) < 8
     assert c(48) == pytest.approx(1.96, rel=0.02)
@@ -125,8 +132,8 @@ def test_anchor_sizes_are_guessed_on_the_line_through_t1_not_in_proportion(monke
     budget; guessed in proportion from t(4) (1.4 s), size 32 would take 11 s and was never timed (Qwen2.5-
     Coder's curve on an earlier session's machine: sizes 1-4, a 52-token chain priced at 11 s); on the
     line through t(1) and t(4) it takes its real 2.8 s, and both 32 and 64 fit in the budget."""
-    clock, model = _clocked_toy(monkeypatch, 0.05, fixed=1.2)
-    c = measure(model, past_len=8, repeats=3, measure_head=False)
+    clock, model, v = _clocked_toy(monkeypatch, 0.05, fixed=1.2)
+    c = measure(model, v, past_len=8, repeats=3, measure_head=False)
     assert clock["t"] <= 25.0
     assert max(n for n in c.sizes if n < 8) == 4 and {32, 64} <= set(c.sizes)
     assert c(48) == pytest.approx(1.2 + 0.05 * 48, rel=0.02)
@@ -137,9 +144,9 @@ def test_a_budget_stopped_walk_times_anchors_between_its_end_and_64(monkeypatch)
     with stock linears: 13 rows 1.05 s, 16 rows 0.78 s): the walk ends at size 5 for the budget, and its
     rest times 8, 16, 24, 48 besides 32 and 64, so a 12-token tree is priced from t(8) and t(16)
     (1.44 s), not on the line from t(5) to t(32) (1.27 s)."""
-    clock, model = _clocked_toy(monkeypatch, 0.02, fixed=1.0, extra=lambda n: 0.4 if 7 <= n <= 15 else 0.0)
+    clock, model, v = _clocked_toy(monkeypatch, 0.02, fixed=1.0, extra=lambda n: 0.4 if 7 <= n <= 15 else 0.0)
     lines = []
-    c = measure(model, past_len=8, repeats=3, measure_head=False, progress=lines.append)
+    c = measure(model, v, past_len=8, repeats=3, measure_head=False, progress=lines.append)
     assert clock["t"] <= 25.0
     assert max(n for n in c.sizes if n < 8) == 5 and {8, 16, 24, 32, 48, 64} <= set(c.sizes)
     assert c(12) == pytest.approx((1.56 + 1.32) / 2, rel=0.02)
@@ -176,29 +183,30 @@ def test_a_cached_curve_that_does_not_hold_on_this_machine_is_measured_anew(monk
 
     monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
     model = Clocked(16)
+    v = _verifier(model)
     kw = dict(sizes=(1, 2, 4, 8), past_len=8, repeats=1, measure_head=False)
-    first = curve_for(model, **kw)
+    first = curve_for(model, v, **kw)
     assert first(1) == pytest.approx(0.002) and first(4) == pytest.approx(0.008)
     capsys.readouterr()
     lat._checked.clear()  # a new process, same machine: the check passes, the cached curve is kept
-    assert curve_for(model, **kw) == first
+    assert curve_for(model, v, **kw) == first
     assert "does not hold" not in capsys.readouterr().err
-    assert lat.check(model, first, past_len=8) == []
+    assert lat.check(v, first, past_len=8) == []
     rate["s"] = 0.004  # another machine, twice as slow
-    off = lat.check(model, first, past_len=8)
+    off = lat.check(v, first, past_len=8)
     assert [n for n, _, _ in off] == [1, 4] and off[0][2] == pytest.approx(0.004)
-    assert curve_for(model, **kw) == first  # checked once per process: this one already was
+    assert curve_for(model, v, **kw) == first  # checked once per process: this one already was
     lat._checked.clear()
-    second = curve_for(model, **kw)
+    second = curve_for(model, v, **kw)
     err = capsys.readouterr().err
     assert "disagrees (t(1) 2.0 ms cached, 4.0 ms now, t(4) 8.0 ms cached, 16.0 ms now" in err
-    assert second(1) == pytest.approx(0.004) and lat.cached_curve(model) == second  # measured and cached
+    assert second(1) == pytest.approx(0.004) and lat.cached_curve(model, v) == second  # measured and cached
     rate["s"] = 0.0045  # 1.125x: within the tolerance, kept
     lat._checked.clear()
-    assert curve_for(model, **kw) == second
+    assert curve_for(model, v, **kw) == second
     rate["s"] = 0.002
     lat._checked.clear()
-    assert curve_for(model, check_cached=False, **kw) == second  # not checked: kept although off
+    assert curve_for(model, v, check_cached=False, **kw) == second  # not checked: kept although off
 
 
 def test_one_stall_does_not_end_the_walk_over_sizes(monkeypatch):
@@ -216,7 +224,8 @@ def test_one_stall_does_not_end_the_walk_over_sizes(monkeypatch):
             return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
 
     monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
-    c = measure(Stalls(16), sizes=range(1, 25), past_len=8, repeats=1, measure_head=False)
+    model = Stalls(16)
+    c = measure(model, _verifier(model), sizes=range(1, 25), past_len=8, repeats=1, measure_head=False)
     assert c.sizes[-1] == 24 and c(6) == pytest.approx(0.013)
     assert calls["n6"] == 2  # timed twice in round 1
 
@@ -236,7 +245,8 @@ def test_one_stall_does_not_price_an_anchor_size(monkeypatch):
             return super().forward(input_ids, attention_mask, position_ids, cache, use_cache, **kw)
 
     monkeypatch.setattr(lat.time, "perf_counter", lambda: clock["t"])
-    c = measure(Stalls(16), past_len=8, repeats=3, measure_head=False)
+    model = Stalls(16)
+    c = measure(model, _verifier(model), past_len=8, repeats=3, measure_head=False)
     assert 32 in c.sizes and c(32) == pytest.approx(1.2 + 0.05 * 32)
     assert calls["n32"] == 2
 
@@ -249,7 +259,7 @@ def test_fit_refuses_to_wrap_itself():
 def test_cascade_estimates_report_prediction_spine_share_and_carry_over():
     dec = goose.compose(
         ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-fit",
-        policy_options={"latency": {1: 1.0, 8: 1.5, 32: 4.0, 128: 20.0}, "carry": 0.5}, budget=24,
+        policy_options={"latency": {1: 1.0, 8: 1.5, 32: 4.0, 128: 20.0}}, budget=24,
     )
     prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 4
     out = dec.generate(prompt, max_new_tokens=60)
@@ -267,10 +277,11 @@ def test_cascade_estimates_report_prediction_spine_share_and_carry_over():
     seen = {r: trials(c) for r, c in pol.route_counts.items()}
     assert sum(seen.values()) > 0
     from goose.interfaces import Request
+    from goose.policies.fit import CARRY
 
-    pol.begin(Request(tuple(prompt), 16, 60, 24))
+    pol.begin(Request(tuple(prompt), 16, 60, 24))  # the next generation: the counts carried, scaled
     carried = {r: trials(c) for r, c in pol.route_counts.items()}
-    assert carried == {r: v * 0.5 for r, v in seen.items()}
+    assert 0 < CARRY < 1 and carried == {r: v * CARRY for r, v in seen.items()}
 
 
 def test_smoothed_rates_shrink_toward_the_shallower_depth_and_stay_a_distribution():
@@ -291,20 +302,92 @@ def test_smoothed_rates_shrink_toward_the_shallower_depth_and_stay_a_distributio
     assert q[1] == q[0]  # rank 2's higher raw rate is capped by rank 1's
 
 
-def test_a_tree_outside_the_model_is_fitted_with_per_class_rates():
-    from goose.tree import DraftTree
+# -- the fit driven step by step: an inner policy that returns the trees a test hands it -----------------
+class _Scripted(goose.TreePolicy):
+    """An inner policy whose trees are the test's: ``trees`` holds the next steps' trees (None: a plain step)."""
+
+    name = "scripted"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.trees: list = []
+
+    def shape(self, ctx):
+        return self.trees.pop(0) if self.trees else None
+
+
+class _ScriptedPlugin:
+    @goose.hookimpl
+    def goose_register_policies(self, register):
+        register(_Scripted)
+
+
+def _fit(**opts):
+    """A fit policy around the scripted inner policy (registered as a plugin, as a third party would)."""
+    from goose.manager import get_registry
     from goose.policies.fit import FitOptions, FitPolicy
 
+    if "scripted" not in get_registry().names("policy"):
+        goose.register_plugin(_ScriptedPlugin(), name="scripted-policy")
+    return FitPolicy(FitOptions(inner="scripted", **opts))
+
+
+def _step(pol, tree):
+    """One step: the inner policy offers ``tree`` (None: nothing); the tree the fit returns (None: a plain step)."""
+    pol.inner.trees.append(tree)
+    return pol.shape(None)
+
+
+def _verified(tree, path, bonus):
+    """The record of a verified pass of ``tree`` that walked ``path`` and chose ``bonus`` after it."""
+    import torch
+
+    from goose.interfaces import Verified
+
+    n = tree.num_nodes
+    return Verified("tree", torch.tensor(tree.tokens), torch.full((n,), -1), torch.zeros(n, 4), (0,) * n,
+                    tree, tuple(path), tuple(tree.tokens[i] for i in path[1:]), bonus)
+
+
+def _chain(route, depth=3, tokens=None):
+    """A chain tree on ``route`` (its kind, lead source and confidence tier), ``depth`` spine nodes deep."""
+    from goose.tree import DraftTree
+
+    toks = tuple(tokens) if tokens is not None else (7, *range(1, depth + 1))
+    n = len(toks)
+    sources = None if route.lead is None else ((),) + ((route.lead,),) * (n - 1)
+    conf = route.tier if route.tier is not None else 0.0  # a tier's floor reaches it; 0: below every tier
+    return DraftTree.build(toks, tuple(range(-1, n - 1)), "spine", None, route.kind, sources, confidence=conf)
+
+
+def _rates(pol, route):
+    """The spine rates the fit shapes a chain on ``route`` with (its smoothed model for that route)."""
+    _step(pol, _chain(route))
+    return pol.models[route].spine
+
+
+def _booked(pol, tree, path, bonus):
+    """Shape ``tree`` through the fit, then verify what it returned as walking ``path`` (None: every node of the
+    chain it kept); the tree it returned."""
+    from goose.tree import DraftTree
+
+    got = _step(pol, tree)
+    done = got if got is not None else DraftTree.single(tree.tokens[0])
+    pol.observe(_verified(done, tuple(range(done.num_nodes)) if path is None else path, bonus))
+    return got
+
+
+# a forward of 2 or 3 tokens costs one token's, of 4 a hundred: the fit keeps two nodes of a chain
+TWO = {1: 1.0, 3: 1.0, 4: 100.0}
+
+
+def test_a_tree_outside_the_model_is_fitted_with_per_class_rates():
+    from goose.tree import DraftTree
+
     two_spines = DraftTree.build([5, 1, 2, 3], [-1, 0, 0, 1], ["root", "spine", "spine", "branch"])
-
-    class Stub:
-        def shape(self, ctx):
-            return two_spines
-
-    pol = FitPolicy(FitOptions(latency=FLAT))
-    pol.inner = Stub()
-    got = pol.shape(None)
-    assert pol.counts["model_misfits"] == 1
+    pol = _fit(latency=FLAT)
+    got = _step(pol, two_spines)
+    assert pol.stats()["fit_model_misfits"] == 1
     assert got is two_spines  # flat latency: every node pays
 
 
@@ -360,16 +443,17 @@ def test_linear_curve_never_slower_than_plain_steps():
 
 
 def test_the_previous_fit_lost_on_the_same_curve():
-    """The check above can fail: an optimistic prior with full-tree exploration (the fit before
-    issue 11) loses on this curve."""
-    ratio = _modeled_ratio(LINEAR, HARD, prior=0.3, explore_share=1.0, explore_cost=1000.0)
+    """The check above can fail: an optimistic prior (every node trusted until observed wrong, as the fit
+    before issue 11 started) loses on this curve."""
+    ratio = _modeled_ratio(LINEAR, HARD, prior=1.0)
     assert ratio > 1.03, ratio
 
 
 def test_exploration_is_small_and_within_its_share():
+    from goose.policies.fit import EXPLORE_SHARE
+
     dec = goose.compose(
-        ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-fit",
-        policy_options={"latency": LINEAR, "explore_every": 1}, budget=24,
+        ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-fit", policy_options={"latency": LINEAR}, budget=24,
     )
     obs = _Sizes()
     goose.register_plugin(obs, name="fit-sizes")
@@ -378,11 +462,11 @@ def test_exploration_is_small_and_within_its_share():
             dec.generate(p, max_new_tokens=48)
     finally:
         goose.unregister_plugin("fit-sizes")
-    # an exploration tree costs at most explore_cost (2) plain steps on the curve: one node here
+    # an exploration tree costs at most EXPLORE_COST (2) plain steps on the curve: one node here
     assert max(obs.sizes) == 2
     st_ = dec.policy.stats()
     assert st_["fit_explore_steps"] > 0
-    assert st_["fit_explore_lost_share"] <= 0.02 + 1e-9
+    assert st_["fit_explore_lost_share"] <= EXPLORE_SHARE + 1e-9
 
 
 def test_flat_curve_still_pays_with_the_pessimistic_prior():
@@ -390,19 +474,24 @@ def test_flat_curve_still_pays_with_the_pessimistic_prior():
     assert ratio < 0.85, ratio
 
 
-def test_observed_latency_corrects_the_curve():
-    """A curve that says trees are free, on a device where they are not: the observed step times
+def test_observed_latency_corrects_the_curve(monkeypatch):
+    """A measured curve that says trees are free, on a device where they are not: the observed step times
     pull the tree ratio up (the toy's real forwards cost the same at every size, so the ratio
-    of observed to predicted time is far from 1 for one of the two kinds of step)."""
-    dec = goose.compose(
-        ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-fit",
-        policy_options={"latency": {1: 1e-6, 128: 1e-6}, "correct_latency": True}, budget=24,
-    )
-    out = dec.generate([1, 2, 3, 4] * 5, max_new_tokens=40)
-    assert out.token_ids == reference_greedy([1, 2, 3, 4] * 5, 40, 16)
-    st_ = out.stats.extra["policy"]
-    # a microsecond per forward is far below what a Python forward costs: the tree ratio grew
-    assert st_["fit_latency_ratio_tree"] > 2.0
+    of observed to predicted time is far from 1 for one of the two kinds of step). A fixed curve
+    (``latency``) is taken as given."""
+    import goose.verifiers.latency as lat
+
+    free = {1: 1e-6, 128: 1e-6}
+    monkeypatch.setattr(lat, "curve_for", lambda model, verifier, **kw: LatencyCurve((1, 128), (1e-6, 1e-6)))
+    ratios = {}
+    for fixed in (False, True):
+        dec = goose.compose(ToyCausalLM(16), None, sources=["pld", "tr"], policy="spine-fit",
+                            policy_options={"latency": free} if fixed else None, budget=24)
+        out = dec.generate([1, 2, 3, 4] * 5, max_new_tokens=40)
+        assert out.token_ids == reference_greedy([1, 2, 3, 4] * 5, 40, 16)
+        ratios[fixed] = out.stats.extra["policy"]["fit_latency_ratio_tree"]
+    # a microsecond per forward is far below what a Python forward costs: the measured curve's tree ratio grew
+    assert ratios[False] > 2.0 and ratios[True] == 1.0
 
 
 def test_the_curve_is_keyed_by_the_cpu_and_its_kernel_limits(monkeypatch):
@@ -411,21 +500,22 @@ def test_the_curve_is_keyed_by_the_cpu_and_its_kernel_limits(monkeypatch):
     from goose.verifiers import machine
 
     model = ToyCausalLM(16)
-    base = latency._key(model)
-    assert latency._key(model) == base  # stable
+    v = _verifier(model)
+    base = latency.curve_path(model, v)
+    assert latency.curve_path(model, v) == base  # stable
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    limited = latency._key(model)
+    limited = latency.curve_path(model, v)
     assert limited != base
     assert "kernels limited by ONEDNN_MAX_CPU_ISA=AVX2" in machine.describe()
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     other = dict(machine.cpu(), model="AMD EPYC 7B13", flags=["avx2"])
     monkeypatch.setattr(machine, "cpu", lambda: other)
-    assert latency._key(model) not in (base, limited)
+    assert latency.curve_path(model, v) not in (base, limited)
 
 
 def test_head_rows_pads_to_the_cheapest_measured_count():
     """A head whose GEMM is slow from 4 to 15 rows and fast at 16 (Gemma-3-270M's on an AMX Xeon)."""
-    c = LatencyCurve((1,), (0.1,), (), ((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
+    c = LatencyCurve((1,), (0.1,), head=((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
     # 3 rows: 60 ms by interpolation, under every measured count above; 5-15: 16 rows (80 ms) are cheaper;
     # 17: 82 ms by interpolation against 32 rows' 105 ms; 4: a tie with 16 keeps the fewer rows
     assert [c.head_rows(k) for k in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 32)] == [1, 2, 3, 4, 16, 16, 16, 16, 16, 17, 32]
@@ -437,7 +527,7 @@ def test_head_rows_pads_to_the_cheapest_measured_count():
 
 
 def test_head_rows_within_an_allowance():
-    c = LatencyCurve((1, 2), (0.2, 0.4), (), ((1, 0.01), (8, 0.08), (32, 0.32)))  # 10 ms a row
+    c = LatencyCurve((1, 2), (0.2, 0.4), head=((1, 0.01), (8, 0.08), (32, 0.32)))  # 10 ms a row
     assert c.head_rows_within(0.2) == 21 and c.head_rows_within(0.05) == 6 and c.head_rows_within(0.0) == 1
     assert c.head_rows_within(0.31) == 32 and all(c.head_rows(k) == k for k in range(1, 40))  # monotone: no padding
     assert c.head_rows_within(1.0) == 101  # past the last measured count: in proportion
@@ -450,16 +540,17 @@ def test_fit_keeps_the_prefill_logit_rows_within_one_plain_step(monkeypatch, per
     """A costly LM head row (an AVX2-only CPU in bfloat16): the prefill computes only what one step pays for."""
     import goose.verifiers.latency as lat
 
-    curve = LatencyCurve((1, 2, 4), (0.2, 0.4, 0.8), (), tuple((r, 0.01 + (r - 1) * per_row) for r in (1, 2, 4, 8, 32)))
-    monkeypatch.setattr(lat, "curve_for", lambda model, **kw: curve)
+    curve = LatencyCurve((1, 2, 4), (0.2, 0.4, 0.8), head=tuple((r, 0.01 + (r - 1) * per_row) for r in (1, 2, 4, 8, 32)))
+    monkeypatch.setattr(lat, "curve_for", lambda model, verifier, **kw: curve)
     model = ToyCausalLM(16)
     dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit")
     prompt = [(i * 7 + i // 5) % 16 for i in range(200)]
     out = dec.generate(prompt, max_new_tokens=30)
     assert out.token_ids == reference_greedy(prompt, 30, 16)
     assert out.stats.extra["prefill_logit_rows"] == rows  # 0.2 s / 0.1 s a row -> 1 + 2 rows; cheap: TR's 200
-    off = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", policy_options={"prefill_steps": None})
-    assert off.generate(prompt, max_new_tokens=4).stats.extra["prefill_logit_rows"] == 200
+    # a fixed curve says nothing of the LM head's cost: as many rows as the sources ask
+    fixed = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", policy_options={"latency": FLAT})
+    assert fixed.generate(prompt, max_new_tokens=4).stats.extra["prefill_logit_rows"] == 200
 
 
 def test_calibration_leaves_torch_global_generator_alone():
@@ -471,9 +562,10 @@ def test_calibration_leaves_torch_global_generator_alone():
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
+    v = _verifier(model)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    c = measure(model, sizes=(1, 2, 4), past_len=16, repeats=1)
+    c = measure(model, v, sizes=(1, 2, 4), past_len=16, repeats=1)
     assert c.head and c.head[0][0] == 1  # the LM head was timed
     assert torch.equal(torch.get_rng_state(), before)
 
@@ -512,90 +604,84 @@ def test_shadow_trials_let_an_earned_chain_grow():
 
 def test_hindsight_trials_follow_the_committed_tokens_of_later_steps():
     """A cut spine keeps being checked, depth by depth, against what the following steps commit,
-    until its first miss; with shadow_depth=1 only the target's next token is checked."""
-    from goose.interfaces import Verified
-    from goose.policies.fit import FitOptions, FitPolicy, Route
+    until its first miss, and at most SHADOW_DEPTH depths past the kept spine."""
+    from goose.policies.fit import SHADOW_DEPTH, Route
     from goose.tree import DraftTree
-
-    import torch
-
-    def verified(tree, path, bonus):
-        n = tree.num_nodes
-        return Verified("tree", torch.tensor(tree.tokens), torch.full((n,), -1), torch.zeros(n, 4), (0,) * n,
-                        tree, path, tuple(tree.tokens[i] for i in path[1:]), bonus)
 
     spine = (1, 2, 3, 4, 5, 6, 7)
     full = DraftTree.build((9, *spine), (-1, 0, 1, 2, 3, 4, 5, 6), "spine", route="chain")
-    kept = full.subtree([0, 1, 2])  # the fit kept 2 of 7 spine nodes
+    kept = full.subtree([0, 1, 2])
 
-    def run(depth, later):
-        pol = FitPolicy(FitOptions(latency=FLAT, shadow_depth=depth))
-        pol._shadow = (Route("chain"), spine)
-        pol.observe(verified(kept, (0, 1, 2), 3))  # depth 3 right (the bonus)
-        for bonus in later:  # plain steps, each committing one token; their own spines say nothing
-            pol._shadow = None
-            pol.observe(verified(DraftTree.single(9), (0,), bonus))
+    def run(later, spine=spine):
+        full = DraftTree.build((9, *spine), tuple(range(-1, len(spine))), "spine", route="chain")
+        pol = _fit(latency=TWO)
+        # the fit kept 2 of the spine nodes; depth 3 right (the bonus)
+        assert _booked(pol, full, (0, 1, 2), spine[2]) == full.subtree([0, 1, 2])
+        for bonus in later:  # plain steps, each committing one token; they shape no spine of their own
+            assert _step(pol, None) is None
+            pol.observe(_verified(DraftTree.single(9), (0,), bonus))
         c = pol.route_counts[Route("chain")]
         # depths past the kept spine (1 and 2 are booked by the verified tree itself)
-        return ({d: c.spine_trials[d] for d in range(3, 9) if c.spine_trials[d]},
-                {d: c.spine_hits[d] for d in range(3, 9) if c.spine_hits[d]})
+        return ({d: c.spine_trials[d] for d in range(3, len(spine) + 2) if c.spine_trials[d]},
+                {d: c.spine_hits[d] for d in range(3, len(spine) + 2) if c.spine_hits[d]})
 
     # 4 and 5 right, 0 wrong at depth 6: trials stop there, the later 6 and 7 are not booked
-    assert run(64, (4, 5, 0, 6, 7)) == ({3: 1, 4: 1, 5: 1, 6: 1}, {3: 1, 4: 1, 5: 1})
+    assert run((4, 5, 0, 6, 7)) == ({3: 1, 4: 1, 5: 1, 6: 1}, {3: 1, 4: 1, 5: 1})
     # all right: booked up to the spine's end (depth 7), nothing past it
-    assert run(64, (4, 5, 6, 7, 8)) == ({3: 1, 4: 1, 5: 1, 6: 1, 7: 1}, {3: 1, 4: 1, 5: 1, 6: 1, 7: 1})
-    # at most shadow_depth depths past the kept spine
-    assert run(2, (4, 5, 6)) == ({3: 1, 4: 1}, {3: 1, 4: 1})
-    assert run(1, (4, 5, 6)) == ({3: 1}, {3: 1})
+    assert run((4, 5, 6, 7, 8)) == ({3: 1, 4: 1, 5: 1, 6: 1, 7: 1}, {3: 1, 4: 1, 5: 1, 6: 1, 7: 1})
+    # at most SHADOW_DEPTH depths past the kept spine, however long the spine and however long it holds
+    long = tuple(range(1, SHADOW_DEPTH + 8))
+    trials, hits = run(long[3:], spine=long)
+    assert sorted(trials) == sorted(hits) == list(range(3, 2 + SHADOW_DEPTH + 1))
     # a tree step's walk and bonus feed the open spine in order
-    pol = FitPolicy(FitOptions(latency=FLAT))
-    pol._shadow = (Route("chain"), spine)
-    pol.observe(verified(kept, (0, 1, 2), 3))
-    pol._shadow = None
-    walk = DraftTree.build((3, 4, 5, 8), (-1, 0, 1, 2), "spine", route="chain")
-    pol.observe(verified(walk, (0, 1, 2), 6))  # commits 4, 5, then the bonus 6: depths 4, 5, 6 right
+    pol = _fit(latency=TWO)
+    _booked(pol, full, (0, 1, 2), 3)
+    walk = DraftTree.build((3, 4, 5), (-1, 0, 1), "spine", route="chain")  # its own spine kept whole: no new check
+    assert _booked(pol, walk, (0, 1, 2), 6) == walk  # commits 4, 5, then the bonus 6: depths 4, 5, 6 right
     c = pol.route_counts[Route("chain")]
     assert [c.spine_hits[d] for d in range(3, 8)] == [1, 1, 1, 1, 0] and c.spine_trials[7] == 0
-
-
-def test_hindsight_earns_an_always_right_chain_faster_than_one_depth_per_step():
-    dec = {
-        depth: goose.compose(
-            ToyCausalLM(16), None, sources=[_Oracle(), "tr"], policy="spine-fit",
-            policy_options={"latency": CONCAVE, "shadow_depth": depth}, budget=24,
-        )
-        for depth in (1, 64)
-    }
-    outs = {d: x.generate([3, 1, 4, 1, 5], max_new_tokens=80) for d, x in dec.items()}
-    for out in outs.values():
-        assert out.token_ids == reference_greedy([3, 1, 4, 1, 5], 80, 16)
-    assert outs[64].stats.forward_passes < outs[1].stats.forward_passes, {
-        d: o.stats.forward_passes for d, o in outs.items()}
+    assert pol.stats()["fit_shadow_trials"] == 4
 
 
 def test_a_chain_that_continues_an_open_spine_is_shaped_from_the_depth_it_has_reached():
     """``continuation``: when this step's spine is the next tokens of an earlier spine still being checked
     (K of its tokens committed, all right), the tree is shaped with that route's p_{K+1}, p_{K+2}, ...;
-    a chain that departs from it, or an exhausted check, is a fresh chain (p_1, p_2, ...)."""
-    from goose.policies.fit import FitOptions, FitPolicy, Route
+    a chain that departs from it, or an exhausted check, is a fresh chain (p_1, p_2, ...).
 
-    pol = FitPolicy(FitOptions(latency=FLAT))
-    c = pol.route_counts[Route("chain", "pld")]
-    for d, (t, h) in enumerate([(10, 3), (3, 3), (3, 3), (3, 3), (3, 3), (3, 3)], start=1):
-        c.spine_trials[d], c.spine_hits[d] = t, h
-    old = [11, 12, 13, 14, 15, 16, 17, 18]
-    pol._open = [[Route("chain", "pld"), old, 2, 8], [Route("chain", "pld"), old[4:], 0, 4]]
-    assert pol._continues([13, 14, 15]) == (Route("chain", "pld"), 2)  # the check with the most committed wins
-    assert pol._continues([13, 99]) is None  # departs from the earlier spine: a fresh chain
-    assert pol._continues([15, 16, 17, 18]) == (Route("chain", "pld"), 0)  # only the second check's next tokens
-    base = pol._model(Route("chain", "pld"))
-    fresh = pol._model(Route("spine", "pld"))  # this step's own route: its branches, a fresh chain's spine
-    shifted = pol._shifted(fresh, Route("chain", "pld"), 2)
-    assert shifted.p(1) == pytest.approx(base.p(3)) and shifted.p(4) == pytest.approx(base.p(6))
-    assert shifted.p(1) > base.p(1) + 0.3  # p_1 was earned at 3/10, depth 3 at 3/3
-    assert shifted.per_origin == fresh.per_origin and shifted.branch == fresh.branch
-    pol._open = [[Route("chain", "pld"), old, 8, 8]]  # nothing left to check
-    assert pol._continues([19]) is None
+    The route's first depth is rarely right (3 of 10), its deeper ones always (3 of 3): on a curve where a
+    node pays only when likely, a fresh chain keeps at most its first node, a continued one all of them."""
+    from goose.policies.fit import Route
+    from goose.tree import DraftTree
+
+    old = (11, 12, 13, 14, 15, 16, 17, 18)
+
+    def after_a_plain_step(continuation=True):
+        """A policy that has seen ``old`` offered on a plain step (no node paid) whose token was old[0]."""
+        pol = _fit(latency={1: 1.0, 128: 1.0 + 0.3 * 127}, continuation=continuation)
+        c = pol.route_counts[Route("chain")]
+        for d, (t, h) in enumerate([(10, 3), (3, 3), (3, 3), (3, 3), (3, 3), (3, 3)], start=1):
+            c.spine_trials[d], c.spine_hits[d] = t, h
+        assert _booked(pol, _chain(Route("chain"), tokens=(9, *old)), (0,), old[0]) is None  # the fallback
+        assert pol.stats()["fit_fallback_steps"] == 1 and pol.stats()["fit_shadow_trials"] == 1
+        return pol
+
+    def shaped(pol, spine):
+        got = _step(pol, _chain(Route("chain"), tokens=(old[0], *spine)))
+        return (0 if got is None else got.num_nodes - 1), pol.stats()["fit_continued_steps"]
+
+    # the next 7 tokens of the spine still being checked (1 committed): shaped from p_2 on, kept whole
+    assert shaped(after_a_plain_step(), old[1:]) == (7, 1)
+    # departs from it (the second token differs): a fresh chain, from p_1
+    fresh = shaped(after_a_plain_step(), (12, 99, 14, 15, 16, 17, 18))
+    assert fresh[1] == 0 and fresh[0] <= 1
+    assert shaped(after_a_plain_step(continuation=False), old[1:]) == fresh  # off: every chain is fresh
+    # a check that has committed the whole spine is over: nothing left to continue
+    pol = after_a_plain_step()
+    walked = DraftTree.build((old[0], *old[1:]), tuple(range(-1, 7)), "spine", route="chain")
+    pol.inner.trees.append(walked)
+    got = pol.shape(None)
+    pol.observe(_verified(got, tuple(range(got.num_nodes)), 19))  # every kept token right, and the bonus
+    assert shaped(pol, (19, 20, 21))[1] == 1  # continued before (the step above), not now
 
 
 def test_continuation_makes_an_always_right_chain_cheaper_and_changes_no_token():
@@ -612,63 +698,50 @@ def test_continuation_makes_an_always_right_chain_cheaper_and_changes_no_token()
 
 
 def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
-    from goose.interfaces import Verified
-    from goose.policies.fit import FitOptions, FitPolicy, Route
+    from goose.policies.fit import Route
     from goose.tree import DraftTree
 
-    import torch
-
-    pol = FitPolicy(FitOptions(latency=FLAT))
     full = DraftTree.build((9, 1, 2, 3, 4), (-1, 0, 1, 2, 3), "spine", route="chain")
-    kept = full.subtree([0, 1, 2])  # the fit kept 2 of 4 spine nodes
-
-    def verified(tree, path, bonus):
-        n = tree.num_nodes
-        return Verified("tree", torch.tensor(tree.tokens), torch.full((n,), -1), torch.zeros(n, 4), (0,) * n,
-                        tree, path, tuple(tree.tokens[i] for i in path[1:]), bonus)
-
+    kept = full.subtree([0, 1, 2])
+    pol = _fit(latency=TWO)
     for bonus, hits in ((3, 1), (7, 1)):  # the cut spine token 3 is right, then wrong
-        pol._shadow = (Route("chain"), (1, 2, 3, 4))
-        pol.observe(verified(kept, (0, 1, 2), bonus))
+        assert _booked(pol, full, (0, 1, 2), bonus) == kept  # the fit kept 2 of 4 spine nodes
         c = pol.route_counts[Route("chain")]
         assert c.spine_hits[3] == hits
     assert c.spine_trials[3] == 2
     # a walk that broke inside the kept spine says nothing about depth 3
-    pol._shadow = (Route("chain"), (1, 2, 3, 4))
-    pol.observe(verified(kept, (0, 1), 5))
+    _booked(pol, full, (0, 1), 5)
     assert c.spine_trials[3] == 2
-    # a plain step (nothing kept): depth 1, against the bonus
-    t1, h1 = c.spine_trials[1], c.spine_hits[1]
-    pol._shadow = (Route("chain"), (1, 2, 3, 4))
-    pol.observe(verified(DraftTree.single(9), (0,), 1))
-    assert (c.spine_trials[1], c.spine_hits[1]) == (t1 + 1, h1 + 1)
+    # a plain step (the fit kept nothing): depth 1, against the bonus
+    pol = _fit(latency=STEEP)
+    assert _booked(pol, full, (0,), 1) is None
+    c = pol.route_counts[Route("chain")]
+    assert (c.spine_trials[1], c.spine_hits[1]) == (1, 1) and pol.stats()["fit_fallback_steps"] == 1
 
 
 def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
     """The bypass chain of a source that has earned depth on the spine route starts from those rates,
-    not from the prior; another source's routes, the non-bypass routes, and pool_routes=False start
-    from the prior."""
-    from goose.policies.fit import FitOptions, FitPolicy, Route
+    not from the prior; another source's routes and the non-bypass routes start from the prior."""
+    from goose.policies.fit import Route
 
-    def model(pool, route):
-        pol = FitPolicy(FitOptions(latency=FLAT, pool_routes=pool))
+    def model(route):
+        pol = _fit(latency=FLAT)
         c = pol.route_counts[Route("spine", "pld")]
         for d in range(1, 21):  # pld right 10 times out of 10 at every depth to 20
             c.spine_trials[d] += 10
             c.spine_hits[d] += 10
-        return pol._model(route).spine
+        return _rates(pol, route)
 
-    earned, fresh = model(True, Route("bypass", "pld")), model(False, Route("bypass", "pld"))
-    assert fresh[0] == pytest.approx(0.1) and fresh[19] == pytest.approx(0.1)  # the prior, every depth
+    earned, fresh = model(Route("bypass", "pld")), model(Route("bypass", "suffix"))
+    assert fresh[0] == pytest.approx(0.1) and fresh[19] == pytest.approx(0.1)  # another source earned nothing: the prior
     assert earned[0] > 0.8 and earned[19] > 0.8  # what pld earned on the spine route
-    assert model(True, Route("bypass", "suffix"))[0] == pytest.approx(0.1)  # another source earned nothing
-    assert model(True, Route("spine"))[0] == pytest.approx(0.1)  # a route without a lead source
+    assert model(Route("spine"))[0] == pytest.approx(0.1)  # a route without a lead source
     # only the bypass route borrows: the spine and chain routes (TR's branches compete, or not) stay apart
-    assert model(True, Route("chain", "pld"))[0] == pytest.approx(0.1)
-    pol = FitPolicy(FitOptions(latency=FLAT))
+    assert model(Route("chain", "pld"))[0] == pytest.approx(0.1)
+    pol = _fit(latency=FLAT)
     pol.route_counts[Route("bypass", "pld")].spine_trials[1] += 10
     pol.route_counts[Route("bypass", "pld")].spine_hits[1] += 10
-    assert pol._model(Route("spine", "pld")).spine[0] == pytest.approx(0.1)
+    assert _rates(pol, Route("spine", "pld"))[0] == pytest.approx(0.1)
 
 
 # -- where a context match's trust starts: pld's confidence tiers (source_priors) -------------------
@@ -695,58 +768,70 @@ PLD_TIERS = {"pld": [(1.0, 0.7, 0.9), (0.7, 0.45, 0.9)]}  # the tiers these test
 
 
 def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
-    from goose.policies.fit import FitOptions, FitPolicy, Route, _per_source
+    from goose.policies.fit import Route
     from goose.tree import DraftTree
 
     def tree(conf, source="pld", route="spine"):
         return DraftTree.build((7, 1, 2, 3), (-1, 0, 1, 2), ("root", "spine", "spine", "spine"), None, route,
                                ((), (source,), (source,), (source,)), confidence=conf)
 
+    def keyed(t, tiers):
+        """The route the fit keys ``t``'s rates by (the one whose rates it shaped ``t`` with)."""
+        pol = _fit(latency=FLAT, source_priors=tiers)
+        _step(pol, t)
+        (route,) = pol.models
+        return route
+
     tiers = PLD_TIERS
-    assert _per_source(tree(1.0), tiers)[0] == Route("spine", "pld", 1.0)
-    assert _per_source(tree(0.82), tiers)[0] == Route("spine", "pld", 0.7)
-    assert _per_source(tree(0.3), tiers)[0] == Route("spine", "pld")  # below every tier: the source's plain route
-    assert _per_source(tree(1.0, "suffix"), tiers)[0] == Route("spine", "suffix")  # no tiers for that source
-    assert _per_source(tree(1.0), {})[0] == Route("spine", "pld")  # tiers off: one route per source
-    assert _per_source(tree(1.0, route="bypass"), tiers)[0] == Route("bypass", "pld", 1.0)
+    assert keyed(tree(1.0), tiers) == Route("spine", "pld", 1.0)
+    assert keyed(tree(0.82), tiers) == Route("spine", "pld", 0.7)
+    assert keyed(tree(0.3), tiers) == Route("spine", "pld")  # below every tier: the source's plain route
+    assert keyed(tree(1.0, "suffix"), tiers) == Route("spine", "suffix")  # no tiers for that source
+    assert keyed(tree(1.0), {}) == Route("spine", "pld")  # tiers off: one route per source
+    assert keyed(tree(1.0, route="bypass"), tiers) == Route("bypass", "pld", 1.0)
     # str() writes a route as kind@lead^tier
-    written = [str(_per_source(tree(c), tiers)[0]) for c in (1.0, 0.82, 0.3)]
+    written = [str(keyed(tree(c), tiers)) for c in (1.0, 0.82, 0.3)]
     assert written == ["spine@pld^1", "spine@pld^0.7", "spine@pld"]
     assert str(Route("spine")) == "spine"
-    pol = FitPolicy(FitOptions(latency=FLAT, source_priors={"pld": [(0.7, 0.3, 0.9), (1.0, 0.6, 0.95)]}))
+    pol = _fit(latency=FLAT, source_priors={"pld": [(0.7, 0.3, 0.9), (1.0, 0.6, 0.95)]})
     assert pol.options.source_priors["pld"][0][0] == 1.0  # the highest tier a confidence reaches wins
-    assert pol._model(Route("spine", "pld", 1.0)).spine[:3] == pytest.approx((0.6, 0.95, 0.95))
-    assert pol._model(Route("spine", "pld", 0.7)).spine[:2] == pytest.approx((0.3, 0.9))
-    assert pol._model(Route("spine", "pld")).spine[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
+    assert _rates(pol, Route("spine", "pld", 1.0))[:3] == pytest.approx((0.6, 0.95, 0.95))
+    assert _rates(pol, Route("spine", "pld", 0.7))[:2] == pytest.approx((0.3, 0.9))
+    assert _rates(pol, Route("spine", "pld"))[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
     # a tier's bypass route borrows depth 1 only from the same tier of its source
-    c = pol.route_counts[Route("spine", "pld", 0.7)]
-    c.spine_trials[1] += 20
-    pol._stale(Route("spine", "pld", 0.7))
-    assert pol._model(Route("bypass", "pld", 1.0)).spine[0] == pytest.approx(0.6)
-    assert pol._model(Route("bypass", "pld", 0.7)).spine[0] < 0.1
+    before = _rates(pol, Route("bypass", "pld", 0.7))[0]  # its model made before the counts change
+    for _ in range(20):  # tier-0.7 chains wrong at depth 1, twenty times
+        _booked(pol, tree(0.82), (0,), 9)
+    assert pol.route_counts[Route("spine", "pld", 0.7)].spine_trials[1] == 20
+    assert _rates(pol, Route("bypass", "pld", 1.0))[0] == pytest.approx(0.6)
+    assert _rates(pol, Route("bypass", "pld", 0.7))[0] < 0.1 < before
 
 
 def test_a_bypass_route_borrows_its_deeper_depths_from_every_tier_of_its_source():
     """Depth 1 is where a tier's chains start (its own tier's counts, else its calibrated p_1); the rate of
     depth d given d - 1 is the source's (every tier pooled), so a consensus match that carries on a loop the
-    long matches have held through starts with that depth. pool_tiers=False: its own tier only."""
-    from goose.policies.fit import FitOptions, FitPolicy, Route
+    long matches have held through starts with that depth."""
+    from goose.policies.fit import Route
 
-    def rates(pool_tiers, other=Route("spine", "pld", 0.7)):
-        pol = FitPolicy(FitOptions(latency=FLAT, pool_tiers=pool_tiers, source_priors=PLD_TIERS))
-        pol._model(Route("bypass", "pld", 1.0))  # cached before the counts change: _stale must drop it
+    def rates(other=Route("spine", "pld", 0.7)):
+        pol = _fit(latency=FLAT, source_priors=PLD_TIERS)
+        _rates(pol, Route("bypass", "pld", 1.0))  # made before the counts change: observing them must renew it
+        deep = _chain(other, depth=40)
+        for _ in range(20):  # the other route's chains missed depth 1 half the time, else held as deep as kept
+            _booked(pol, deep, None, 5)
+            _booked(pol, deep, (0,), 5)
         c = pol.route_counts[other]
-        for d in range(1, 41):  # the tier-0.7 chains missed depth 1 half the time, then held to 40
-            c.spine_trials[d] += 20
-            c.spine_hits[d] += 10 if d == 1 else 20
-        pol._stale(other)
-        return pol._model(Route("bypass", "pld", 1.0)).spine
+        assert (c.spine_trials[1], c.spine_hits[1]) == (40, 20) and c.spine_hits[2] == c.spine_trials[2] == 20
+        if other.lead == "pld":  # every one of the 40 depths kept and right
+            assert c.spine_trials[40] == c.spine_hits[40] == 20
+        return _rates(pol, Route("bypass", "pld", 1.0))
 
-    pooled, apart = rates(True), rates(False)
-    assert pooled[0] == pytest.approx(0.7) == apart[0]  # depth 1: tier 1.0's calibrated start, not 0.5
+    pooled = rates()
+    assert pooled[0] == pytest.approx(0.7)  # depth 1: tier 1.0's calibrated start, not 0.5
     assert pooled[1] > 0.99 and pooled[31] > 0.99  # the depth tier 0.7 earned
-    assert apart[1] == pytest.approx(0.9) and apart[31] == pytest.approx(0.9)  # the calibrated floor only
-    assert rates(True, other=Route("spine", "suffix"))[1] == pytest.approx(0.9)  # another source's depth is not pld's
+    # another source's depth is not pld's: the calibrated floor only
+    other = rates(other=Route("spine", "suffix"))
+    assert other[0] == pytest.approx(0.7) and other[1] == pytest.approx(0.9) and other[31] == pytest.approx(0.9)
 
 
 class _Named(goose.DraftSource):
@@ -776,7 +861,7 @@ def test_a_source_whose_name_looks_like_a_route_keeps_its_own_rates(name, other,
     named ``name`` (no tiers of its own), whose routes are written ``spine@<name>``, is learned apart
     from ``other``'s tier-1.0 chains, and rates booked on either one's routes stay out of the other's
     bypass route; the output is greedy's."""
-    from goose.policies.fit import FitOptions, FitPolicy, Route
+    from goose.policies.fit import Route
 
     opts = {"latency": FLAT, "source_priors": PLD_TIERS if priors is None else priors}
     dec = goose.compose(ToyCausalLM(16), None, sources=[_Named(name, True, 0), _Named(other, False, 1), "tr"],
@@ -796,13 +881,11 @@ def test_a_source_whose_name_looks_like_a_route_keeps_its_own_rates(name, other,
 
     def bypasses(booked):
         """Both sources' bypass rates after 20 right chains, 20 deep, on the route ``booked``."""
-        pol = FitPolicy(FitOptions(**opts))
-        c = pol.route_counts[booked]
-        for d in range(1, 21):
-            c.spine_trials[d] += 20
-            c.spine_hits[d] += 20
-        pol._stale(booked)
-        return pol._model(Route("bypass", other, 1.0)).spine, pol._model(Route("bypass", name)).spine
+        pol = _fit(**opts)
+        deep = _chain(booked, depth=20)
+        for _ in range(20):
+            _booked(pol, deep, None, 5)
+        return _rates(pol, Route("bypass", other, 1.0)), _rates(pol, Route("bypass", name))
 
     fresh_other, fresh_name = bypasses(Route("spine", "elsewhere"))
     assert bypasses(Route("spine", name))[0] == fresh_other

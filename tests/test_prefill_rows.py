@@ -7,6 +7,8 @@ draft, so a generation that ends at its first token never pays for them.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 
 import pytest
@@ -23,6 +25,24 @@ def _verifier(model, **opts):
     return v
 
 
+@contextlib.contextmanager
+def cached(model, verifier, curve):
+    """Within the block, ``curve`` is the latency curve cached for ``verifier`` on ``model`` (as `goose calibrate`
+    would leave it); the cache file as it was afterwards."""
+    import goose.verifiers.latency as lat
+
+    path = lat.curve_path(model, verifier)
+    before = path.read_text() if path.exists() else None
+    lat.write_atomic(path, json.dumps(curve.to_dict()))
+    try:
+        yield path
+    finally:
+        if before is None:
+            path.unlink()
+        else:
+            lat.write_atomic(path, before)
+
+
 def _prompt(n=200, vocab=4096, seed=5):
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -34,14 +54,14 @@ def test_deferred_rows_equal_the_rows_the_prefill_would_have_computed():
     first = lazy_v.prefill(ids, keep=48)
     assert first.logits.shape[0] == 1 and lazy_v.deferred_prefill is not None
     assert first.bonus == eager.bonus
-    assert lazy_v.timers["prefill_logit_rows"] == 1
+    assert lazy_v.stats()["prefill_logit_rows"] == 1
     rows = lazy_v.prefill_rows()
     assert rows is not None and lazy_v.deferred_prefill is None
     assert rows.tokens.tolist() == eager.tokens.tolist() == ids[-48:].tolist()
     assert rows.predecessors.tolist() == eager.predecessors.tolist()
     torch.testing.assert_close(rows.logits, eager.logits, rtol=1e-9, atol=1e-9)
     assert rows.argmax == eager.argmax
-    assert lazy_v.timers["prefill_logit_rows"] == 48
+    assert lazy_v.stats()["prefill_logit_rows"] == 48
     assert lazy_v.prefill_rows() is None  # taken once
 
 
@@ -93,7 +113,6 @@ def test_a_head_that_does_not_reproduce_the_prefill_row_turns_deferral_off(monke
     monkeypatch.setattr(model, "get_output_embeddings", lambda: _Scaled(real))
     v.prefill(ids, keep=32)
     assert v.prefill_rows() is None  # the check failed: no rows from a head that is not the model's
-    assert v._head_parts() is None
     again = v.prefill(ids, keep=32)  # from then on the prefill computes its rows itself
     assert again.logits.shape[0] == 32 and v.deferred_prefill is None
 
@@ -154,20 +173,19 @@ def test_deferred_rows_run_at_the_cheapest_measured_row_count(monkeypatch, keep,
     """A head measured slow from 4 to 15 rows and fast at 16 (Gemma-3-270M's on an AMX Xeon): 10 wanted rows
     are computed as 16 and sliced; 3 and 20, estimated cheaper than any measured count above, as asked; past
     the last measured count, as asked. The rows equal the unpadded ones."""
-    import goose.verifiers.latency as lat
     from goose.verifiers.latency import LatencyCurve
 
-    curve = LatencyCurve((1,), (0.1,), (), ((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
-    monkeypatch.setattr(lat, "cached_curve", lambda model, setup=None: curve)
+    curve = LatencyCurve((1,), (0.1,), head=((1, 0.035), (2, 0.04), (4, 0.08), (8, 0.125), (16, 0.08), (32, 0.105)))
     model, ids = _tiny_llama(), _prompt()
     eager = _verifier(model, defer_prefill_rows=False).prefill(ids, keep=keep)
     v = _verifier(model)
-    spy = _Rows(model.get_output_embeddings())
-    monkeypatch.setattr(model, "get_output_embeddings", lambda: spy)
-    v.prefill(ids, keep=keep)
-    rows = v.prefill_rows()
-    assert spy.calls[-1] == run and v.timers["prefill_head_rows"] == run
-    assert rows.logits.shape[0] == keep == v.timers["prefill_logit_rows"]
+    with cached(model, v, curve):  # where the verifier reads it at its prefill
+        spy = _Rows(model.get_output_embeddings())
+        monkeypatch.setattr(model, "get_output_embeddings", lambda: spy)
+        v.prefill(ids, keep=keep)
+        rows = v.prefill_rows()
+    assert spy.calls[-1] == run and v.stats()["prefill_head_rows"] == run
+    assert rows.logits.shape[0] == keep == v.stats()["prefill_logit_rows"]
     assert rows.tokens.tolist() == ids[-keep:].tolist()
     torch.testing.assert_close(rows.logits, eager.logits, rtol=1e-9, atol=1e-9)
     assert rows.argmax == eager.argmax

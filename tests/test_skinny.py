@@ -8,7 +8,8 @@ import torch
 import goose
 from goose.verifiers import skinny
 
-from test_hf_architectures import get, hf_greedy
+from test_hf_architectures import V, get, hf_greedy
+from test_prefill_rows import cached
 
 
 @pytest.mark.parametrize("arch,policy,budget", [("llama", "spine", 24), ("qwen2", "spine", 24), ("gemma3", "chain", 8)])
@@ -64,22 +65,58 @@ def test_other_threads_keep_stock_linear_layers_during_a_rerouted_pass():
     assert seen["skinny_calls"] == 0
 
 
-def test_auto_uses_the_calibrated_sizes(monkeypatch):
+class _Threes(goose.DraftSource):
+    """A chain of three tokens every step (right or not): every tree the loop verifies has four nodes."""
+
+    name = "threes"
+
+    def propose(self, state):
+        t = state.tokens[-1]
+        return goose.Proposal.chain(self.name, [(t + 1) % V, (t + 2) % V, (t + 3) % V])
+
+
+def test_auto_uses_the_calibrated_sizes():
+    """linear='auto' runs each tree size in the form the verifier's cached curve lists for it (here: skinny at
+    4 nodes only); a forced form ignores the curve."""
     from goose.verifiers import latency
 
     model = get("llama")
-    curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), skinny=(4,))
-    monkeypatch.setattr(latency, "cached_curve", lambda m, setup=None: curve)
-    dec = goose.compose(model, None, sources=["pld"], policy="chain", budget=8)
-    v = dec.verifier
-    assert v._form_for(4) == "skinny" and v._form_for(2) is None and v._form_for(1) is None
-    stock = goose.compose(model, None, sources=["pld"], policy="chain", budget=8, verifier_options={"linear": "stock"})
-    assert stock.verifier._form_for(4) is None
+    prompt = [5, 17, 33, 5, 17, 33, 5, 17, 60, 2, 5, 17]
+    curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), forms=(("skinny", (4,)),))
+    dec = goose.compose(model, None, sources=[_Threes()], policy="chain", budget=8)
+    sizes = []
+
+    class Sizes:
+        @goose.hookimpl
+        def goose_on_step(self, decoder, step):
+            sizes.append(step.tree.num_nodes)
+
+    goose.register_plugin(Sizes(), name="tree-sizes-seen")
+    try:
+        with cached(model, dec.verifier, curve):
+            out = dec.generate(prompt, max_new_tokens=12)
+    finally:
+        goose.unregister_plugin("tree-sizes-seen")
+    assert out.token_ids == hf_greedy(model, prompt, 12)
+    vstats = out.stats.extra["verifier"]
+    assert vstats["linear"]["option"] == "auto" and vstats["linear"]["forms"] == {"4": "skinny"}
+    assert sizes.count(4) > 0 and vstats.get("skinny_passes", 0) == sizes.count(4)  # every 4-node pass, only those
+    assert set(sizes) - {4}  # passes of other sizes ran (stock)
+    stock = goose.compose(model, None, sources=[_Threes()], policy="chain", budget=8,
+                          verifier_options={"linear": "stock"})
+    with cached(model, stock.verifier, curve):
+        out = stock.generate(prompt, max_new_tokens=12)
+    vstats = out.stats.extra["verifier"]
+    assert vstats["linear"]["forms"] == {} and "skinny_passes" not in vstats
 
 
 def test_calibration_times_both_forms():
     from goose.verifiers.latency import measure
 
+    model = get("llama")
+    v = goose.greedy(model).verifier
+    assert "skinny" in v.pass_forms()
     # no early stop: under load one slow pass would otherwise end the curve (the test is about forms, not speed)
-    c = measure(get("llama"), sizes=(1, 2, 3, 4), past_len=8, repeats=1, stop_ratio=1e9, budget_s=1e9)
-    assert c.sizes == (1, 2, 3, 4) and set(c.skinny) <= {2, 3, 4}
+    c = measure(model, v, sizes=(1, 2, 3, 4), past_len=8, repeats=1, stop_ratio=1e9, budget_s=1e9)
+    assert c.sizes == (1, 2, 3, 4) and set(c.sizes_in("skinny")) <= {2, 3, 4}
+    assert {f for f, _ in c.forms} <= set(v.pass_forms())

@@ -24,6 +24,7 @@ from goose.testing.kit import ReferenceTreeSource
 from goose.verifiers import skinny, stream
 
 from test_hf_architectures import V, get
+from test_prefill_rows import cached
 
 pytestmark = pytest.mark.skipif(stream._kernel() is None, reason="numba is not installed")
 
@@ -139,9 +140,11 @@ def test_bfloat16_weights_are_refused_with_what_is_allowed():
                                                     r"model's are torch.bfloat16 on cpu\. Allowed here: 'auto'"):
         goose.compose(model, None, sources=["pld"], policy="chain", verifier_options={"linear": "stream"})
     assert not stream.available(skinny.linears(model))
-    # auto keeps serving it (stock linears)
+    # auto keeps serving it (stock linears): the kernel is no form its passes may run in
     dec = goose.compose(model, None, sources=["pld"], policy="chain")
-    assert dec.verifier._form_for(1) is None
+    assert "stream" not in dec.verifier.pass_forms() and dec.verifier.timing_key()["stream"] is False
+    out = dec.generate([5, 17, 33, 5, 17, 33, 5, 17], max_new_tokens=6)
+    assert len(out.token_ids) == 6 and "stream_passes" not in out.stats.extra["verifier"]
 
 
 def test_a_model_without_plain_linear_layers_is_refused():
@@ -152,31 +155,59 @@ def test_a_model_without_plain_linear_layers_is_refused():
         goose.compose(ToyCausalLM(16), None, sources=["pld"], policy="chain", verifier_options={"linear": "stream"})
 
 
-def _walk(times):
-    """The calibration's walk over fake timings: ``times(n, form)`` seconds (form None: stock)."""
-    import time
+class _Timed(goose.Verifier):
+    """A verifier whose speed protocol reports ``times(n, form)`` seconds for a pass of n nodes (form None: its
+    default), with the built-in's forms and the rows each serves; ``timed`` records every (n, form) timed."""
 
-    from goose.verifiers.latency import _Walk
-    from goose.verifiers.transformers_tree import TransformersVerifier
+    name = "timed"
 
-    return _Walk(lambda n, f=None: times(n, f), ["skinny", "stream"], 64, lambda text: None, time.perf_counter(),
-                 1e9, 12.0, TransformersVerifier.form_serves)
+    def __init__(self, times):
+        super().__init__()
+        self.times, self.timed = times, []
+        self.vocab_size = V
+
+    def prefill(self, prompt_ids, keep=None, rule=None):
+        return None  # only its passes' times are asked for
+
+    def verify(self, tree, rule=None):
+        raise AssertionError("the calibration times passes through time_pass")
+
+    def pass_forms(self):
+        return ("skinny", "stream")
+
+    def form_serves(self, form, rows):
+        return skinny.serves(form, rows)
+
+    def time_pass(self, tree, form=None):
+        self.timed.append((tree.num_nodes, form))
+        return self.times(tree.num_nodes, form)
+
+
+def _calibrate(times):
+    """The calibration over sizes 1-4 of a verifier whose passes take ``times(n, form)``: (curve, what its walk over
+    the sizes timed, after the warm-up at one row and at the middle size, 4, in every form)."""
+    from goose.verifiers.latency import measure
+
+    v = _Timed(times)
+    curve = measure(None, v, sizes=(1, 2, 3, 4), repeats=1, measure_head=False)
+    t = v.timed
+    assert all(skinny.serves(f, n) for n, f in t if f is not None)  # a form only at the rows it serves
+    assert t[:3] == [(1, None)] * 3 and {(4, "skinny"), (4, "stream")} <= set(t)  # the warm-up
+    walk = next(i for i in range(3, len(t)) if t[i] == (1, None))
+    return curve, t[walk:]
 
 
 def test_calibration_compares_one_row_and_drops_forms_far_slower():
     # stream fastest everywhere; stock and skinny over 1.5x it at the warm-up's size: neither compared after
-    w = _walk(lambda n, f: {None: 1.0 + 0.1 * n, "stream": 0.6 + 0.05 * n, "skinny": 0.9 + 0.1 * n}[f])
-    w.warm_up(8)
-    assert w.forms == ["stream"] and not w.stock_compared
-    w.walk([1, 2, 3, 4])
-    assert [w.form[n] for n in (1, 2, 3, 4)] == ["stream"] * 4
-    assert w.t1 == pytest.approx(0.65)  # trees are priced in units of the one-token step as it will run
+    curve, walk = _calibrate(lambda n, f: {None: 1.0 + 0.1 * n, "stream": 0.6 + 0.05 * n, "skinny": 0.9 + 0.1 * n}[f])
+    assert curve.forms == (("stream", (1, 2, 3, 4)),)
+    assert {f for n, f in walk if n > 1} == {"stream"}  # neither stock nor skinny timed at 2-4 rows after the warm-up
+    assert (1, "stream") in walk and curve(1) == pytest.approx(0.65)  # trees are priced in units of the one-token
+    # step as it will run
     # stock's one-row GEMV is timed at one row even when stock was dropped: there it can still win
-    w = _walk(lambda n, f: {None: 0.5 if n == 1 else 3.0, "stream": 0.6 + 0.05 * n, "skinny": 9.0}[f])
-    w.warm_up(8)
-    assert not w.stock_compared
-    w.walk([1, 2])
-    assert w.form[1] is None and w.form[2] == "stream" and w.t1 == pytest.approx(0.5)
+    curve, walk = _calibrate(lambda n, f: {None: 0.5 if n == 1 else 3.0, "stream": 0.6 + 0.05 * n, "skinny": 9.0}[f])
+    assert walk.count((1, None)) > 3 and {f for n, f in walk if n > 1} == {"stream"}
+    assert curve.form(1) is None and curve.form(2) == "stream" and curve(1) == pytest.approx(0.5)
 
 
 def test_missing_numba_is_refused_with_a_hint(monkeypatch):
@@ -330,19 +361,56 @@ def test_fault_rows_out_of_order_is_caught(monkeypatch):
     assert _property_fails()
 
 
-def test_auto_runs_the_calibrated_sizes_one_row_included(monkeypatch):
+class _Cycle(goose.DraftSource):
+    """A chain of 0-3 tokens by the context's length (right or not): passes of 1 to 4 nodes."""
+
+    name = "cycle"
+
+    def propose(self, state):
+        k, t = len(state.tokens) % 4, state.tokens[-1]
+        return goose.Proposal.chain(self.name, [(t + i) % V for i in range(1, k + 1)]) if k else None
+
+
+def _sizes_and_stats(dec, prompt, n):
+    """Generate; (the size of every pass after the prefill, the verifier's stats)."""
+    sizes = []
+
+    class Sizes:
+        @goose.hookimpl
+        def goose_on_step(self, decoder, step):
+            if decoder is dec:
+                sizes.append(step.tree.num_nodes)
+
+    goose.register_plugin(Sizes(), name="stream-sizes-seen")
+    try:
+        out = dec.generate(prompt, max_new_tokens=n)
+    finally:
+        goose.unregister_plugin("stream-sizes-seen")
+    assert len(out.token_ids) == n
+    return sizes, out.stats.extra["verifier"]
+
+
+def test_auto_runs_the_calibrated_sizes_one_row_included():
     from goose.verifiers import latency
 
     model = _model("llama")
-    curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), skinny=(2,), stream=(1, 4))
-    monkeypatch.setattr(latency, "cached_curve", lambda m, setup=None: curve)
-    v = goose.compose(model, None, sources=["pld"], policy="chain", budget=8).verifier
-    v._resolve_forms()
-    assert (v._form_for(1), v._form_for(2), v._form_for(4), v._form_for(3)) == ("stream", "skinny", "stream", None)
-    assert v.stats()["linear"]["stream"] and v.stats()["linear"]["stream_extra_mib"] == 0.0
-    assert v.stats()["linear"]["stream_vector_bits"] == stream.vector_width()["bits"]
-    forced = goose.compose(model, None, sources=["pld"], policy="chain", budget=8, verifier_options={"linear": "skinny"})
-    assert forced.verifier._form_for(1) is None and forced.verifier._form_for(3) == "skinny"
+    prompt = [5, 17, 33, 5, 17, 33, 5, 17, 60, 2, 5, 17]
+    curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), forms=(("skinny", (2,)), ("stream", (1, 4))))
+    dec = goose.compose(model, None, sources=[_Cycle()], policy="chain", budget=8)
+    with cached(model, dec.verifier, curve):
+        sizes, vstats = _sizes_and_stats(dec, prompt, 24)
+    assert set(sizes) == {1, 2, 3, 4}
+    lin = vstats["linear"]
+    assert lin["forms"] == {"1": "stream", "2": "skinny", "4": "stream"}  # size 3: stock
+    assert vstats.get("stream_passes", 0) == sizes.count(1) + sizes.count(4) and sizes.count(1) > 0
+    assert vstats.get("skinny_passes", 0) == sizes.count(2)
+    assert lin["stream"] and lin["stream_extra_mib"] == 0.0
+    assert lin["stream_vector_bits"] == stream.vector_width()["bits"]
+    forced = goose.compose(model, None, sources=[_Cycle()], policy="chain", budget=8,
+                           verifier_options={"linear": "skinny"})
+    sizes, vstats = _sizes_and_stats(forced, prompt, 24)
+    # every pass of 2 or more nodes in the forced form, one-token steps stock
+    assert vstats.get("skinny_passes", 0) == sum(1 for n in sizes if n > 1) > 0 and "stream_passes" not in vstats
 
 
 REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
@@ -388,7 +456,7 @@ def test_smollm2_with_the_kernel_forced(monkeypatch):
             pos = next(i for i, (a, b) in enumerate(zip(hf, ref)) if a != b)
             assert top2_gap(model, torch.tensor([ids]), hf, pos) < 1e-2, (p.id, pos)
         for policy in ("none", "spine", "spine-fit"):
-            dec = goose.compose(model, tok, sources=[] if policy == "greedy" else ["pld", "tr"], policy=policy,
+            dec = goose.compose(model, tok, sources=[] if policy == "none" else ["pld", "tr"], policy=policy,
                                 verifier_options={"linear": "stream"})
             out = dec.generate(ids, max_new_tokens=32)
             assert out.token_ids == ref, (p.id, policy)

@@ -41,9 +41,11 @@ def _policy_options(name: str) -> dict | None:
     return dict(FIXED) if "latency" in entry.cls.Options.model_fields else None
 
 
-def _compose(policy: str, sources: str) -> Decoder:
+def _compose(policy: str, sources: str, verifier=None) -> Decoder:
+    """``verifier``: a callable that makes the decoder's verifier (None: the built-in)."""
     return goose.compose(ToySplitLM(VOCAB), None, sources=SOURCES[sources], policy=policy,
-                         policy_options=_policy_options(policy), budget=24)
+                         policy_options=_policy_options(policy), budget=24,
+                         **({} if verifier is None else {"verifier": verifier()}))
 
 
 def _prompts(k: int) -> list[list[int]]:
@@ -90,19 +92,20 @@ def run_threads(dec: Decoder, calls: list[list[dict]], sample: bool) -> tuple[di
     return results, errors
 
 
-def check_threads_equal_sequence(policy: str, sources: str, sample: bool, threads: int, per_thread: int = 2) -> None:
+def check_threads_equal_sequence(policy: str, sources: str, sample: bool, threads: int, per_thread: int = 2,
+                                 verifier=None) -> None:
     calls = _calls(threads, per_thread, sample)
     if sample:  # the same calls, one after another, on a decoder of their own
-        seq_dec = _compose(policy, sources)
+        seq_dec = _compose(policy, sources, verifier)
         expected = {(t, j): _generate(seq_dec, c, sample) for t, cs in enumerate(calls) for j, c in enumerate(cs)}
     else:  # greedy: what any sequence of these calls gives (the toy's oracle)
         expected = {(t, j): reference_greedy(c["prompt"], c["n"], VOCAB) for t, cs in enumerate(calls) for j, c in enumerate(cs)}
-    dec = _compose(policy, sources)
+    dec = _compose(policy, sources, verifier)
     got, errors = run_threads(dec, calls, sample)
     assert not errors, f"{len(errors)} of {threads} threads failed; the first: {errors[0]!r}"
     wrong = [k for k in expected if got.get(k) != expected[k]]
     assert not wrong, f"{len(wrong)} of {len(expected)} calls differ from the same calls in sequence: {wrong[:5]}"
-    assert len(dec._idle) == dec._workers  # every component set went back to the pool
+    assert dec.component_sets_in_use == 0  # every component set went back to the pool
 
 
 @pytest.fixture(autouse=True)
@@ -145,14 +148,14 @@ class _Interleaved(ToySplitLM):
     def __init__(self, hold_above: int):
         super().__init__(VOCAB)
         self.hold_above, self.inside, self.release = hold_above, threading.Event(), threading.Event()
-        self._held_once = False
+        self.held_once = False
         real = self.model.forward
 
         def forward(*a, **k):
             out = real(*a, **k)
             ids = a[0] if a else k["input_ids"]
-            if ids.shape[1] > self.hold_above and not self._held_once:
-                self._held_once = True
+            if ids.shape[1] > self.hold_above and not self.held_once:
+                self.held_once = True
                 self.inside.set()
                 assert self.release.wait(10)
             return out
@@ -234,35 +237,61 @@ def test_a_pass_with_fewer_logit_rows_than_tokens_is_refused_naming_the_verifier
         dec.generate(list(range(16)) + [1, 2, 3, 4], max_new_tokens=8)
 
 
-def test_fault_one_component_set_for_every_thread_is_caught(monkeypatch):
-    """Every concurrent call handed the decoder's first component set (one KV cache, one set of sources)."""
-    monkeypatch.setattr(Decoder, "_acquire", lambda self: self._idle[0])
-    monkeypatch.setattr(Decoder, "_release", lambda self, worker: None)
+class _Shared(greedy_verifier.TransformersVerifier):
+    """The built-in verifier, copied as itself: every component set the decoder makes for a concurrent call
+    holds this one verifier (one KV cache for every thread)."""
+
+    name = "shared"
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def test_fault_one_verifier_for_every_thread_is_caught():
     with pytest.raises(AssertionError, match="threads failed|differ from the same calls"):
-        check_threads_equal_sequence("spine", "pld+tr", sample=False, threads=4)
+        check_threads_equal_sequence("spine", "pld+tr", sample=False, threads=4, verifier=_Shared)
 
 
 # -- state shared on purpose, made safe ---------------------------------------------------------
-def test_threads_that_need_one_latency_curve_measure_it_once(monkeypatch, tmp_path):
+class _SlowPasses(greedy_verifier.TransformersVerifier):
+    """The built-in verifier whose timed passes take 5 ms each (a calibration takes long enough for
+    every other thread to arrive meanwhile); it records which threads timed passes and how many calibrations
+    ended (``forms_kept``)."""
+
+    name = "slow-passes"
+
+    def __init__(self):
+        super().__init__()
+        self.timed_by: set = set()
+        self.calibrations = 0
+
+    def time_pass(self, tree, form=None):
+        self.timed_by.add(threading.get_ident())
+        threading.Event().wait(0.005)
+        super().time_pass(tree, form)
+        return 0.001 * tree.num_nodes
+
+    def forms_kept(self, forms):
+        self.calibrations += 1
+        super().forms_kept(forms)
+
+
+def test_threads_that_need_one_latency_curve_measure_it_once():
     import goose.verifiers.latency as lat
 
-    monkeypatch.setattr(lat, "cache_dir", lambda: tmp_path)  # no curve cached by an earlier test
-    calls = []
-
-    def slow_measure(model, **kw):
-        calls.append(threading.get_ident())
-        threading.Event().wait(0.2)  # long enough for every other thread to arrive meanwhile
-        return lat.LatencyCurve((1, 4), (0.01, 0.02))
-
-    monkeypatch.setattr(lat, "measure", slow_measure)
     model = ToyCausalLM(VOCAB)
+    v = _SlowPasses()
+    v.bind(model)
+    assert lat.cached_curve(model, v) is None  # its own key: no curve cached by an earlier test
     got = []
-    threads = [threading.Thread(target=lambda: got.append(lat.curve_for(model))) for _ in range(4)]
+    kw = dict(sizes=(1, 2, 4, 8), past_len=8, repeats=3, measure_head=False)
+    threads = [threading.Thread(target=lambda: got.append(lat.curve_for(model, v, **kw))) for _ in range(4)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    assert len(calls) == 1 and len(got) == 4 and len(set(got)) == 1
+    assert v.calibrations == 1 and len(v.timed_by) == 1  # one thread measured, once; the others waited for it
+    assert len(got) == 4 and len(set(got)) == 1 and got[0] == lat.cached_curve(model, v)
 
 
 def test_the_curve_file_is_never_torn(tmp_path, monkeypatch):

@@ -32,8 +32,8 @@ class Misreports(TransformersVerifier):
         self.fault = fault
         self.faults = 0
 
-    def verify(self, tree):
-        v = super().verify(tree)
+    def verify(self, tree, rule=None):
+        v = super().verify(tree, rule)
         bad = self.fault(tree, v)
         if bad is None:
             return v
@@ -202,8 +202,8 @@ class MisreportsFirst(TransformersVerifier):
         super().__init__()
         self.bonus = bonus
 
-    def prefill(self, prompt_ids, keep=None):
-        v = super().prefill(prompt_ids, keep)
+    def prefill(self, prompt_ids, keep=None, rule=None):
+        v = super().prefill(prompt_ids, keep, rule)
         return replace(v, bonus=self.bonus(v.bonus))
 
 
@@ -257,8 +257,8 @@ class OwnRecords(Wrapping):
 
     name = "own-records"
 
-    def verify(self, tree):
-        v = self.inner.verify(tree)  # a record of its own, equal to the inner one's: a copy of the tree
+    def verify(self, tree, rule=None):
+        v = self.inner.verify(tree, rule)  # a record of its own, equal to the inner one's: a copy of the tree
         return replace(v, tree=replace(tree), path=list(v.path), accepted=list(v.accepted))
 
 
