@@ -1,26 +1,13 @@
 """Every composed chain source drafts into one tree: the chains, ranked by measured acceptance and merged.
 
-Each step every source that proposes something gives a chain (its proposal, or a tree proposal's
-first root-to-leaf path). The chains merge into a trie under the root: a token that two sources
-propose at the same place is one node that both vouch for (``DraftTree.sources``). Which chain is
-the **spine** follows each source's *measured* acceptance (:class:`goose.policies.rates.SourceRates`), never
-the order of ``sources=[...]``:
-
-- :func:`rank` orders this step's chains by the expected accepted tokens of each under its
-  source's rates (ties: higher confidence, longer chain, then the source's name: so the order of
-  ``sources=[...]`` never decides). ``forced`` (a policy's ``spine_source``) goes first whenever
-  it proposes.
-- :func:`merge` lays the ranked chains out: the best one is the spine; a chain that agrees with
-  the whole spine and goes further extends it; every other chain leaves the spine at the depth
-  where it first disagrees and hangs there as a **side chain** (origin ``"chain"``), drafted while
-  its source's rate of being right from the fork on stays at or above ``side_min``
-  (:meth:`Trie.add_sides`).
-- :func:`chain_trie` is the plain trie of the ranked chains (the isotropic policies' layout).
-
-Every verified pass tells the target's tokens along the accepted path and the bonus token after it,
-so every chain laid out that step is measured against them, drafted or not (``tree.meta["chains"]``,
-:meth:`SourceRates.observe`). The policies (policies/) and the vLLM proposer (goose/vllm/) all
-lay chains out here. With a single chain source, its chain is the spine.
+Each step every source that proposes gives a chain (a tree proposal: its first root-to-leaf path). A token
+two sources propose at the same place is one node both vouch for (``DraftTree.sources``). :func:`rank` orders
+the chains by expected accepted tokens under each source's measured acceptance (:class:`SourceRates`), never
+by the order of ``sources=[...]``; :func:`merge` makes the best the **spine**, extended by any chain that
+agrees with all of it and goes further; every other chain hangs as a **side chain** (origin ``"chain"``)
+where it first disagrees (:meth:`Trie.add_sides`). Every chain laid out (``tree.meta["chains"]``) is booked
+against the target's tokens, drafted or not (:meth:`SourceRates.observe`). The policies and the vLLM
+proposer (goose/vllm/) lay chains out here.
 """
 
 from __future__ import annotations
@@ -30,15 +17,12 @@ from dataclasses import dataclass
 
 from goose.interfaces import DraftContext, Proposal
 from goose.policies.rates import SourceRates
-from goose.tree import DraftTree
+from goose.tree import ROOT, DraftTree
 
 SPINE = "spine"
 CHAIN = "chain"  # origin of another source's chain where it leaves the spine
 
-
-def first_chain(prop: Proposal) -> tuple[int, ...]:
-    """A proposal's tokens as one chain (:meth:`goose.Proposal.first_chain`)."""
-    return prop.first_chain()
+first_chain = Proposal.first_chain  # a proposal's tokens as one chain
 
 
 @dataclass(frozen=True)
@@ -57,9 +41,7 @@ def gather(ctx: DraftContext, names: Sequence[str]) -> list[Drafted]:
     out = []
     for name in names:
         prop = ctx.proposal(name)
-        if prop is None or not len(prop):
-            continue
-        chain = first_chain(prop)
+        chain = () if prop is None else prop.first_chain()
         if not chain:
             continue
         base = prop.info.get("match_len") if prop.info else None
@@ -68,10 +50,15 @@ def gather(ctx: DraftContext, names: Sequence[str]) -> list[Drafted]:
     return out
 
 
+def unextended(chains: Sequence[Drafted]) -> list[Drafted]:
+    """The confidence-off ablation: each chain cut to its unextended match, at confidence 0."""
+    return [Drafted(d.source, d.tokens[: d.base] if d.base else d.tokens, 0.0, d.base) for d in chains]
+
+
 def alternatives(prop: Proposal) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
-    """A tree proposal's other root-to-leaf paths (its first one is its chain), likeliest leaf first:
-    ``(tokens from the root, conditional probability of each token)``, the probabilities being the
-    ratios of the proposal's scores along the path (1.0 each when it gives no scores)."""
+    """A tree proposal's other root-to-leaf paths (its first is its chain), likeliest leaf first:
+    ``(tokens from the root, conditional probability of each token)``, each probability the ratio of the
+    proposal's scores along the path (1.0 each when it gives no scores)."""
     parents, n = prop.parents, len(prop.parents)
     if n < 2 or prop.is_chain:
         return []
@@ -83,8 +70,11 @@ def alternatives(prop: Proposal) -> list[tuple[tuple[int, ...], tuple[float, ...
     has_kid = {p for p in parents if p >= 0}
     sc = prop.scores
     leaves = [i for i in range(n) if i not in has_kid and i not in on_first]
-    if sc is not None:
+    if sc is None:
+        prob = [1.0] * n
+    else:
         leaves.sort(key=lambda i: -sc[i])
+        prob = [max(0.0, min(1.0, sc[i] / sc[p] if p >= 0 and sc[p] > 0 else sc[i])) for i, p in enumerate(parents)]
     out = []
     for leaf in leaves:
         path, i = [], leaf
@@ -92,34 +82,30 @@ def alternatives(prop: Proposal) -> list[tuple[tuple[int, ...], tuple[float, ...
             path.append(i)
             i = parents[i]
         path.reverse()
-        if sc is None:
-            probs = (1.0,) * len(path)
-        else:
-            probs = tuple(
-                max(0.0, min(1.0, sc[i] / sc[parents[i]] if parents[i] >= 0 and sc[parents[i]] > 0 else sc[i]))
-                for i in path
-            )
-        out.append((tuple(prop.tokens[i] for i in path), probs))
+        out.append((tuple(prop.tokens[i] for i in path), tuple(prob[i] for i in path)))
     return out
 
 
 def gather_alternatives(ctx: DraftContext, chains: Sequence[Drafted]) -> list[Drafted]:
-    """The other paths of this step's tree proposals (cached by the context: no source runs twice)."""
-    out = []
-    for d in chains:
-        prop = ctx.proposal(d.source)
-        for toks, probs in alternatives(prop):
-            out.append(Drafted(d.source, toks, d.confidence, None, probs))
-    return out
+    """The other paths of this step's tree proposals (the context caches proposals: no source runs twice)."""
+    return [Drafted(d.source, toks, d.confidence, None, probs)
+            for d in chains for toks, probs in alternatives(ctx.proposal(d.source))]
 
 
 def rank(chains: Sequence[Drafted], rates: SourceRates, forced: str | None = None) -> list[Drafted]:
-    """Best first: ``forced`` when it proposes, then by expected accepted tokens under the measured rates."""
+    """Best first: ``forced`` when it proposes, then by expected accepted tokens under the measured rates;
+    ties: higher confidence, longer chain, then the source's name."""
     def score(d: Drafted):
         return (d.source != forced, -rates.expected(rates.key(d.source, d.confidence), len(d.tokens)),
                 -d.confidence, -len(d.tokens), d.source)
 
     return sorted(chains, key=score)
+
+
+def laid_out(ranked: Sequence[Drafted], rates: SourceRates) -> dict:
+    """``{source: (tier floor, tokens)}`` of every chain laid out: ``tree.meta["chains"]``, which
+    :meth:`SourceRates.observe` books."""
+    return {d.source: (rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}
 
 
 @dataclass
@@ -131,12 +117,12 @@ class Merged:
     confidence: float  # the spine source's confidence this step
     leader: Drafted | None  # the spine's source
     sides: list[tuple[Drafted, int]]  # (chain, fork depth: it agrees with the spine on that many tokens)
-    chains: dict  # {source: (tier floor, tokens)} of every chain laid out (tree.meta["chains"], for SourceRates.observe)
+    chains: dict  # :func:`laid_out`
 
 
 def merge(ranked: Sequence[Drafted], rates: SourceRates, alts: Sequence[Drafted] = ()) -> Merged:
     """``ranked``: one chain per source, best first; ``alts``: tree proposals' other paths, hung as side
-    chains after every ranked chain (they never lead the spine nor enter the measured rates)."""
+    chains after every ranked chain (they never lead nor extend the spine, nor enter the measured rates)."""
     if not ranked:
         return Merged([], [], 0.0, None, [], {})
     lead = ranked[0]
@@ -151,30 +137,26 @@ def merge(ranked: Sequence[Drafted], rates: SourceRates, alts: Sequence[Drafted]
             if not alt:
                 vouch[k].append(d.source)
             k += 1
-        if k == len(spine) and len(d.tokens) > k and not alt:  # agrees with the whole spine and goes on: extends it
+        if k == len(spine) and len(d.tokens) > k and not alt:  # agrees with the whole spine and goes on
             spine.extend(d.tokens[k:])
             vouch.extend([d.source] for _ in d.tokens[k:])
         elif k < len(d.tokens) and not (alt and k == len(spine)):
-            sides.append((d, k))  # leaves the spine at depth k (an alternative path: always a side chain)
-    chains = {d.source: (rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked}
-    return Merged(spine, [tuple(v) for v in vouch], lead.confidence, lead, sides, chains)
+            sides.append((d, k))  # leaves the spine at depth k
+    return Merged(spine, [tuple(v) for v in vouch], lead.confidence, lead, sides, laid_out(ranked, rates))
 
 
 class Trie:
-    """A tree under construction: tokens, parents, origins, sources, and each node's child tokens."""
+    """A tree under construction: tokens, parents, origins, sources, depths, and each node's child tokens."""
 
     __slots__ = ("tokens", "parents", "origins", "sources", "depths", "kids")
 
-    def __init__(self, root: int, root_origin: str):
+    def __init__(self, root: int):
         self.tokens = [root]
         self.parents = [-1]
-        self.origins = [root_origin]
+        self.origins = [ROOT]
         self.sources: list[tuple[str, ...]] = [()]
         self.depths = [0]
-        self.kids: dict[int, dict[int, int]] = {}
-
-    def __len__(self) -> int:
-        return len(self.tokens)
+        self.kids: dict[int, dict[int, int]] = {}  # node -> {child token: child node}
 
     def add(self, parent: int, token: int, origin: str, sources: tuple[str, ...]) -> int:
         i = len(self.tokens)
@@ -186,19 +168,10 @@ class Trie:
         self.kids.setdefault(parent, {})[token] = i
         return i
 
-    def child(self, parent: int, token: int) -> int | None:
-        k = self.kids.get(parent)
-        return None if k is None else k.get(token)
-
-    def vouch(self, node: int, source: str) -> None:
-        if source not in self.sources[node]:
-            self.sources[node] = (*self.sources[node], source)
-
     def add_sides(self, merged: Merged, spine_len: int, room: int, rates: SourceRates, side_min: float,
                   depth_cap: int) -> int:
-        """Hang the side chains (at most ``room`` nodes) off spine nodes 0..spine_len; nodes 1..spine_len
-        must be the spine. A side chain node is drafted while its source's rate of being right from the
-        fork on is at least ``side_min``. Returns the nodes added."""
+        """Hang the side chains (at most ``room`` nodes) off the root and the spine, which must be nodes
+        1..spine_len; each is drafted while its reach stays at least ``side_min``. Returns the nodes added."""
         added = 0
         for d, fork in merged.sides:
             if fork > spine_len or added >= room:
@@ -216,9 +189,10 @@ class Trie:
                     reach.append(r)
             for j, r in enumerate(reach):
                 t = d.tokens[fork + j]
-                c = self.child(node, t)
+                c = self.kids.get(node, {}).get(t)
                 if c is not None:  # shared with an earlier side chain: one node both vouch for
-                    self.vouch(c, d.source)
+                    if d.source not in self.sources[c]:
+                        self.sources[c] = (*self.sources[c], d.source)
                     node = c
                     continue
                 if r < side_min or added >= room:
@@ -231,23 +205,22 @@ class Trie:
         return DraftTree.build(self.tokens, self.parents, self.origins, None, route, self.sources, **meta)
 
 
-def chain_trie(ranked: Sequence[Drafted]) -> tuple[list[dict[int, int]], list[list[str]], set[int]]:
-    """The plain trie of the ranked chains under the root (node 0): ``(kids, vouch, lead_nodes)``, ``kids[c]``
-    a node's child token -> node (children in rank order), ``vouch[c]`` the sources whose chains pass
-    through it, ``lead_nodes`` the nodes of the best-ranked chain."""
-    kids: list[dict[int, int]] = [{}]
-    vouch: list[list[str]] = [[]]
-    lead_nodes = {0}
+def chain_tree(anchor: int, chain: Sequence[int], vouching: Sequence[tuple[str, ...]], route: str,
+               **meta) -> DraftTree:
+    """``chain`` alone under ``anchor``, origin ``"spine"``; ``vouching[j]``: the sources of its token j."""
+    return DraftTree.build((anchor, *chain), range(-1, len(chain)), SPINE, None, route, ((), *vouching), **meta)
+
+
+def chain_trie(anchor: int, ranked: Sequence[Drafted]) -> Trie:
+    """The plain trie of the ranked chains under ``anchor``: a node's children come in rank order, its sources
+    are the chains through it, its origin ``"spine"`` on the best-ranked chain, else ``"chain"``."""
+    trie = Trie(anchor)
     for r, d in enumerate(ranked):
         c = 0
         for t in d.tokens:
-            nxt = kids[c].get(t)
+            nxt = trie.kids.get(c, {}).get(t)
             if nxt is None:
-                nxt = kids[c][t] = len(kids)
-                kids.append({})
-                vouch.append([])
-            vouch[nxt].append(d.source)
-            if r == 0:
-                lead_nodes.add(nxt)
+                nxt = trie.add(c, t, CHAIN if r else SPINE, ())
+            trie.sources[nxt] += (d.source,)
             c = nxt
-    return kids, vouch, lead_nodes
+    return trie

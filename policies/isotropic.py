@@ -1,41 +1,30 @@
 """Balanced trees: the isotropic control of the GOOSE paper, and Token Recycling's static tree.
 
-``isotropic`` (presets ``iso3``, ``iso5``): the paper's baseline, with the same sources, budget
-and routes as the spine policy but no spine. The tree grows breadth-first from the root; every
-node gets up to ``k`` children, its candidate tokens in order: where the node lies on the chains'
-trie (every chain source's chain merged, best-ranked by measured acceptance first,
-policies/chains.py), the chains' continuations, then the successor-table tokens (``tr``) scoring
-at least ``min_score``, deduplicated; until the budget (nodes, root
-included; ``B + int(confidence * 40)`` as for the spine) is used or depth ``max_depth`` (6).
-The best-ranked chain's tokens have origin ``"spine"``, the other chains' ``"chain"``, successor tokens ``"root-branch"`` under the root and
-``"branch"`` deeper. Routes as for the spine: the table knows the anchor -> the tree (route
-``"iso"``); else a chain -> the chain alone (``"chain"``); else None.
+``isotropic`` (presets ``iso3``, ``iso5``): the spine policy's sources, budget and routes (``"iso"`` for the
+tree), no spine. Breadth-first from the root, every node gets up to ``k`` children: the chains'
+continuations where it lies on their trie (best-ranked first, policies/chains.py), then the successor tokens
+scoring at least ``MIN_SCORE``, deduplicated, down to depth ``max_depth``. Origins: ``"spine"`` on the
+best-ranked chain, ``"chain"`` on the others, ``"root-branch"`` / ``"branch"`` for successors.
 
-``tr-tree``: Token Recycling alone, the original fixed tree of 80 draft nodes with level widths
-8/21/25/15/8/3 at depths 1..6 (81 nodes with the root), filled from ``successors`` and cut to
-the budget (pass ``budget=81`` for the whole tree). The TR paper's per-node layout is not
-available, so the shape is derived deterministically: a slot is (parent slot, rank r) and
-carries the prior ``prod 1/(r+1)`` over its path (the rank-r successor is assumed to be right
-with probability proportional to 1/(r+1)); each level keeps the ``width`` slots of largest prior
-(ties: earlier parent, then lower rank), with ranks below ``k`` (8, the original K). Within a
-level, slots are laid out by decreasing prior, so a budget cut drops the least likely ones.
-Root children have origin ``"root-branch"``, deeper nodes ``"branch"``; route ``"tr"``.
+``tr-tree``: Token Recycling's fixed tree of 80 draft nodes (levels 8/21/25/15/8/3), filled from the
+successors and cut to the budget, route ``"tr"``; its per-node layout is derived by :func:`static_tree`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import takewhile
 
 from pydantic import Field, field_validator
 
 from goose.errors import InvalidInputError
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, TreePolicy
-from goose.policies.chains import CHAIN, SPINE, Drafted, chain_trie, gather, rank
-from goose.policies.merge import MIN_SCORE, TRUST_MIN, MergingPolicy, spine_and_successors
+from goose.policies.chains import Trie, chain_trie, chain_tree, laid_out, rank
+from goose.policies.merge import MIN_SCORE, TRUST_MIN, MergingPolicy
 from goose.policies.spine import BRANCH, ROOT_BRANCH
-from goose.tree import ROOT, DraftTree
+from goose.tree import DraftTree
 
 
 class IsotropicOptions(Options):
@@ -58,97 +47,47 @@ class IsotropicPolicy(MergingPolicy):
     name = "isotropic"
     Options = IsotropicOptions
 
-    def begin(self, request) -> None:
-        self.rates.begin(fresh=request is None)
-
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         if not self._bound:
             self.bind(ctx.sources)
-        o = self.options
-        st = ctx.state
-        anchor = st.anchor
-        chains = gather(ctx, self._chains)
-        if not self.uses_confidence():
-            chains = [Drafted(d.source, d.tokens[: d.base] if d.base else d.tokens, 0.0, d.base) for d in chains]
-        ranked = rank(chains, self.rates, self._spine)
+        o, st = self.options, ctx.state
+        ranked = rank(self.gather_chains(ctx), self.rates, self._spine)
         conf = self.trusted(ranked[0]) if ranked else 0.0
         budget = ctx.budget + int(conf * self.extension())
-        root = ctx.successors(anchor, st.prev_anchor)
-        meta = {"chains": {d.source: (self.rates.key(d.source, d.confidence)[1], d.tokens) for d in ranked},
-                "confidence": conf}
+        root = ctx.successors(st.anchor, st.prev_anchor)
+        meta = {"chains": laid_out(ranked, self.rates), "confidence": conf}
         if not len(root.ids):
-            if not ranked:
-                return None
-            lead = ranked[0]
-            n = min(len(lead.tokens), budget - 1, st.max_depth)
-            if n <= 0:
-                return None
-            return DraftTree.build((anchor, *lead.tokens[:n]), range(-1, n), SPINE, None, "chain",
-                                   ((),) + ((lead.source,),) * n, **meta)
-
-        # the chains' trie, best-ranked first: a node's chain children come in rank order
-        kids, vouch, lead_nodes = chain_trie(ranked)
-
-        k, min_score = o.k, MIN_SCORE
+            lead = ranked[0] if ranked else None
+            n = min(len(lead.tokens), budget - 1, st.max_depth) if lead else 0
+            return chain_tree(st.anchor, lead.tokens[:n], ((lead.source,),) * n, "chain", **meta) if n > 0 else None
+        chains = chain_trie(st.anchor, ranked)
         maxd = min(o.max_depth, st.max_depth)
-        tokens = [anchor]
-        parents = [-1]
-        origins = [ROOT]
-        sources: list[tuple[str, ...]] = [()]
-        depths = [0]
-        on_chain = [0]  # the node's place in the chains' trie; -1 off the chains
+        trie = Trie(st.anchor)
+        on_chain = [0]  # each node's place in the chains' trie; -1 off the chains
         i = 0
-        while i < len(tokens) and len(tokens) < budget:
-            d = depths[i]
-            if d >= maxd:
-                break  # breadth-first: every later node is at least as deep
-            if i == 0:
-                ids, scores, by = root
-                label = ROOT_BRANCH
-            else:
-                ids, scores, by = ctx.successors(tokens[i], tokens[parents[i]])
-                label = BRANCH
-            seen = set()
-            c = on_chain[i]
-            if c >= 0:
-                for t, child in kids[c].items():
-                    if len(seen) >= k or len(tokens) >= budget:
-                        break
-                    seen.add(t)
-                    tokens.append(t)
-                    parents.append(i)
-                    origins.append(SPINE if child in lead_nodes else CHAIN)
-                    sources.append(tuple(vouch[child]))
-                    depths.append(d + 1)
-                    on_chain.append(child)
-            for t, s, who in zip(ids, scores, by):
-                if len(seen) >= k or len(tokens) >= budget or s < min_score:
+        while i < len(trie.tokens) < budget and trie.depths[i] < maxd:  # breadth-first: later nodes are no shallower
+            ids, scores, by = root if i == 0 else ctx.successors(trie.tokens[i], trie.tokens[trie.parents[i]])
+            label = ROOT_BRANCH if i == 0 else BRANCH
+            on = chains.kids.get(on_chain[i], {})  # (no node has the key -1)
+            cands = [(t, chains.origins[ch], chains.sources[ch], ch) for t, ch in on.items()]
+            succ = takewhile(lambda x: x[1] >= MIN_SCORE, zip(ids, scores, by))
+            children = trie.kids.setdefault(i, {})
+            for t, origin, who, at in (*cands, *((t, label, who, -1) for t, _, who in succ)):
+                if len(children) >= o.k or len(trie.tokens) >= budget:
                     break
-                if t in seen:
-                    continue
-                seen.add(t)
-                tokens.append(t)
-                parents.append(i)
-                origins.append(label)
-                sources.append(who)
-                depths.append(d + 1)
-                on_chain.append(-1)
+                if t not in children:
+                    trie.add(i, t, origin, who)
+                    on_chain.append(at)
             i += 1
-        if len(tokens) < 2:
+        if len(trie.tokens) < 2:
             return None
-        return DraftTree.build(tokens, parents, origins, None, "iso", sources, **meta)
-
-    def observe(self, verified) -> None:
-        if verified.kind == "tree" and verified.tree is not None:
-            self.rates.observe(verified.tree, verified.path, verified.bonus)
+        return trie.tree("iso", **meta)
 
     def stats(self) -> dict:
         return {"source_rates": self.rates.snapshot()}
 
 
-# ---------------------------------------------------------------------------------------------
-# Token Recycling's static tree
-# ---------------------------------------------------------------------------------------------
+# -- Token Recycling's static tree ---------------------------------------------------------------
 TR_TREE_K = 8  # successor ranks a parent may use (the original token recycling's K)
 
 
@@ -169,10 +108,10 @@ class TRTreeOptions(Options):
 def static_tree(widths: tuple[int, ...], k: int) -> tuple[tuple[int, int, int], ...]:
     """The static shape: slots ``(parent slot, rank, depth)`` in layout order (slot 0 is the root).
 
-    Level by level, the ``widths[d-1]`` children (parent, rank < k) of largest prior
-    ``prod 1/(rank+1)`` (compared exactly, as integer denominators); ties: earlier parent slot,
-    then lower rank. Within a level the slots are laid out by decreasing prior.
-    """
+    The TR paper's per-node layout is not available, so level by level it keeps the ``widths[d-1]`` children
+    (parent, rank < k) of largest prior ``prod 1/(rank+1)`` over the path (compared exactly, as integer
+    denominators; ties: earlier parent slot, then lower rank), laid out by decreasing prior, so that a budget
+    cut drops the least likely slots."""
     slots: list[tuple[int, int, int]] = []
     level = [(1, 0)]  # (denominator of the prior, slot)
     for depth, width in enumerate(widths, start=1):
@@ -202,44 +141,30 @@ class TRTreePolicy(TreePolicy):
             )
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
-        return spine_and_successors(None, sources)
+        return frozenset(s.name for s in sources if s.provides_successors)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         st = ctx.state
         root = ctx.successors(st.anchor, st.prev_anchor)
         if not len(root.ids):
             return None
-        budget, depth_cap, min_score = ctx.budget, st.max_depth, 0.0
-        tokens = [st.anchor]
-        parents = [-1]
-        origins = [ROOT]
-        vouch: list[tuple[str, ...]] = [()]  # the successor sources each node came from (stats.per_source)
-        node_of = [0]  # slot -> node index, -1 when the slot is empty
-        rows = {0: (*root, set())}
+        trie = Trie(st.anchor)
+        node_of = [0]  # slot -> node, -1 where the slot is empty
+        rows = {0: root}  # node -> its successors
         for p, r, depth in self.slots:
-            if len(tokens) >= budget or depth > depth_cap:
+            if len(trie.tokens) >= ctx.budget or depth > st.max_depth:
                 break
             pn = node_of[p]
-            if pn < 0:
+            if pn >= 0 and pn not in rows:
+                rows[pn] = ctx.successors(trie.tokens[pn], trie.tokens[trie.parents[pn]])
+            ids, scores, by = rows.get(pn, ((), (), ()))
+            if r >= len(ids) or scores[r] < 0.0 or ids[r] in trie.kids.get(pn, ()):
                 node_of.append(-1)
                 continue
-            row = rows.get(pn)
-            if row is None:
-                row = rows[pn] = (*ctx.successors(tokens[pn], tokens[parents[pn]]), set())
-            ids, scores, by, used = row
-            if r >= len(ids) or scores[r] < min_score or ids[r] in used:
-                node_of.append(-1)
-                continue
-            t = ids[r]
-            used.add(t)
-            node_of.append(len(tokens))
-            tokens.append(t)
-            parents.append(pn)
-            origins.append(ROOT_BRANCH if pn == 0 else BRANCH)
-            vouch.append(by[r])
-        if len(tokens) < 2:
+            node_of.append(trie.add(pn, ids[r], ROOT_BRANCH if pn == 0 else BRANCH, by[r]))
+        if len(trie.tokens) < 2:
             return None
-        return DraftTree.build(tokens, parents, origins, None, "tr", vouch)
+        return trie.tree("tr")
 
 
 @hookimpl(trylast=True)

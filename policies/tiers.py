@@ -1,23 +1,20 @@
 """A chain source's measured acceptance per confidence tier: where a policy starts its trust in a chain.
 
-A draft source's proposal carries a ``confidence`` in [0, 1]. A policy that learns each source's
-acceptance as it decodes (``spine-fit``) starts a chain's trust at a prior; a *tier* tells it where
-to start for a chain of this confidence:
+A proposal carries a ``confidence`` in [0, 1]; a policy that learns each source's acceptance as it decodes
+starts a chain's rates at its tier's:
 
     [(floor, p_1, p_deeper), ...]   highest floor first; the first floor a chain's confidence reaches wins
 
 ``p_1``: how often the first token of a fresh request's first such proposal held; ``p_deeper``: how often
-depth d >= 2 held given depth d - 1 held. :func:`measure` replays each prompt's greedy output and asks
-the source at every position what it proposes from the prompt and the tokens before; :func:`summarize`
-turns those proposals into tiers (the Wilson score lower bound of each rate: pessimistic where the
-trials are few). ``goose tiers --source NAME`` does both on a model and writes the record (:func:`save`);
-:func:`load` finds it again by the source's name, its ``DraftSource.version`` and the model
-(:func:`model_key`: what a source's proposals are worth depends on the model that verifies them): first in
-the user store (``$GOOSE_TIERS_DIR``, default ``~/.cache/goose/tiers``), then in the files shipped in
-``goose/data/tiers/``. Files are named ``<source>@<version>@<model>.json``; a model with no file of its own
-starts every chain at the policies' pessimistic prior. :func:`for_sources` is the lookup every policy uses.
+depth d >= 2 held given depth d - 1 held. :func:`measure` replays each prompt's greedy output and asks the
+source at every position what it proposes; :func:`summarize` turns those proposals into tiers (Wilson score
+lower bounds: pessimistic where the trials are few). ``goose tiers --source NAME`` does both and writes the
+record (:func:`save`); :func:`load` finds it by the source's name, its ``DraftSource.version`` and the model
+(:func:`model_key`: what proposals are worth depends on the model that verifies them), first in the user
+store (:func:`store_dir`), then in ``goose/data/tiers/``. A model with no file starts every chain at the
+policies' pessimistic prior. :func:`for_sources` is the lookup every policy uses.
 
-The record a file holds::
+The record ``<source>@<version>@<model>.json`` holds::
 
     {"source": "pld", "version": "1", "model": "smollm2", "datasets": "...", "max_new_tokens": 64,
      "options": {...the source's options...},
@@ -26,13 +23,13 @@ The record a file holds::
                    "p_deeper_trials": ...}, ...],
      "z": 1.2816}
 
-(``measured``: the raw rates and counts behind each tier, a tier with no trials reported with zeros and
-left out of ``tiers``; ``model``: the :func:`model_key` of the model measured on; ``options``: what the
-source was built with, for the reader: tiers are looked up by name, version and model only.)
+(``measured``: the raw rates and counts behind each tier, a tier without proposals with zeros and left out
+of ``tiers``; ``options``: for the reader only: tiers are looked up by name, version and model.)
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -44,9 +41,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from goose.errors import InvalidInputError
+from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source, text_config
 
 Z_DEFAULT = 1.2816  # one-sided 90 %
-BANDS = ((2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
+BANDS = ((2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))  # the depth bands of :func:`by_depth`
 BUDGET = 60  # the node budget a source is told (goose.compose's default)
 
 
@@ -58,9 +56,7 @@ class Tier(NamedTuple):
     p_deeper: float
 
 
-# ---------------------------------------------------------------------------------------------
-# Where tiers are stored
-# ---------------------------------------------------------------------------------------------
+# -- where tiers are stored ---------------------------------------------------------------------
 def store_dir() -> Path:
     """The user store: ``$GOOSE_TIERS_DIR``, else ``$GOOSE_CACHE/tiers``, else ``~/.cache/goose/tiers``."""
     if os.environ.get("GOOSE_TIERS_DIR"):
@@ -74,10 +70,9 @@ def shipped_dir() -> Path:
 
 
 def model_key(model) -> str:
-    """What measured tiers are stored under for ``model`` (a model, or a key already): the folder's name for a
-    model loaded from a local folder (``goose models`` folders are named after the registry: ``smollm2``), the
-    hub id with ``/`` as ``--`` for one loaded by id, else the architecture and its sizes
-    (``ToyCausalLM-v16``). Characters other than letters, digits, ``.``, ``_`` and ``-`` become ``-``."""
+    """What tiers are stored under for ``model`` (a model, or a key already): a local folder's name
+    (``smollm2``), else the hub id with ``/`` as ``--``, else the architecture and its sizes
+    (``ToyCausalLM-v16``); characters other than letters, digits, ``.``, ``_`` and ``-`` become ``-``."""
     if isinstance(model, str):
         key = model
     else:
@@ -87,7 +82,7 @@ def model_key(model) -> str:
             path = Path(where).expanduser()
             key = path.name if (path.is_absolute() or path.exists()) else where.replace("/", "--")
         else:
-            text = getattr(cfg, "get_text_config", lambda **k: cfg)(decoder=True) if cfg is not None else None
+            text = text_config(cfg)
             parts = [getattr(cfg, "model_type", "") or type(model).__name__]
             for attr, tag in (("vocab_size", "v"), ("hidden_size", "h"), ("num_hidden_layers", "l")):
                 value = getattr(text, attr, None)
@@ -104,9 +99,8 @@ def model_key(model) -> str:
 
 
 def file_name(source: str, version, model=None) -> str:
-    """``<source>@<version>@<model>.json`` (``<source>@<version>.json`` with no model: files written before
-    tiers were kept per model, read only where their record names the model); a name or version that would
-    leave the folder is refused."""
+    """``<source>@<version>@<model>.json``; with no model ``<source>@<version>.json`` (read only where its
+    record names the model). A name or version that would leave the folder is refused."""
     for what, value in (("source name", source), ("version", version)):
         text = str(value)
         if not text or text.startswith(".") or any(c in text for c in "/\\@\0") or text != text.strip():
@@ -121,8 +115,8 @@ def file_name(source: str, version, model=None) -> str:
 def load(source: str, version, model) -> list[tuple[float, float, float]] | None:
     """The tiers measured for ``source`` at ``version`` with ``model`` (a model or a :func:`model_key`), highest
     floor first: the user store's file, else the shipped one; None when neither has one. A malformed file
-    raises :class:`InvalidInputError` naming it. Read afresh on every call (a small file), so a file
-    ``goose tiers`` just wrote is what the next call sees."""
+    raises :class:`InvalidInputError` naming it. Read afresh on every call, so what ``goose tiers`` just
+    wrote is what the next call sees."""
     key = model_key(model)
     try:
         names = (file_name(source, version, key), file_name(source, version))
@@ -139,14 +133,14 @@ def load(source: str, version, model) -> list[tuple[float, float, float]] | None
                 _bad(path, source, f"it is not readable JSON ({exc})")
             if name == names[1] and (not isinstance(record, dict) or model_key(str(record.get("model", ""))
                                                                              or "?") != key):
-                continue  # an older file, measured on another model (or none named)
+                continue  # a file without the model in its name, measured on another model (or none named)
             return check_record(record, source, str(version), path, key)
     return None
 
 
 def for_sources(sources, model) -> dict[str, list[tuple[float, float, float]]]:
-    """``{name: tiers}`` of every chain source among ``sources`` that has tiers measured with ``model``: the one
-    lookup the policies use (``spine``, ``chain``, ``iso3``, ``spine-fit``; a successor-only source has none)."""
+    """``{name: tiers}`` of every chain source among ``sources`` with tiers measured with ``model``: the
+    lookup every policy uses."""
     out = {}
     for s in sources:
         if not proposes_chains(type(s)):
@@ -167,8 +161,8 @@ def _bad(path, source: str, what: str):
 
 def check_record(record, source: str, version: str, path="(record)", model: str | None = None
                  ) -> list[tuple[float, float, float]]:
-    """The tiers of a record (see the module docstring) as (floor, p_1, p_deeper) tuples, or an
-    :class:`InvalidInputError` naming ``path``, what is wrong, and a hint."""
+    """The tiers of a record (module docstring) as (floor, p_1, p_deeper) tuples; an
+    :class:`InvalidInputError` naming ``path`` where it is malformed."""
     if not isinstance(record, dict):
         _bad(path, source, f"it holds a {type(record).__name__}, not a JSON object")
     looked_up = [("source", source), ("version", version)]
@@ -196,8 +190,8 @@ def check_record(record, source: str, version: str, path="(record)", model: str 
 
 
 def save(record: dict, path=None) -> Path:
-    """Write ``record`` (checked first) to ``path``, default the user store's ``<source>@<version>@<model>.json``;
-    atomically (a temporary file in the same folder, then renamed over the old one)."""
+    """Write ``record`` (checked first) to ``path``, default the user store's ``<source>@<version>@<model>.json``,
+    atomically (a temporary file in the same folder, renamed over the old one)."""
     if not isinstance(record, dict) or any(k not in record for k in ("source", "version", "model")):
         raise InvalidInputError(
             f"a tiers record is a dict with at least \"source\", \"version\", \"model\" and \"tiers\"; got "
@@ -220,9 +214,7 @@ def save(record: dict, path=None) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------
-# Measuring
-# ---------------------------------------------------------------------------------------------
+# -- measuring ------------------------------------------------------------------------------------
 def check_floors(floors, what: str | None = None) -> tuple[float, ...]:
     """Tier floors as floats: at least one, each in [0, 1], strictly decreasing (highest first); ``what``
     names them in the error (default ``floors [...]``)."""
@@ -240,10 +232,8 @@ def check_floors(floors, what: str | None = None) -> tuple[float, ...]:
 
 
 def proposes_chains(cls) -> bool:
-    """Whether a source class drafts chains: it implements ``propose`` (a successor-only source, such as
-    ``tr``, leaves it to :class:`~goose.DraftSource`'s, which proposes nothing)."""
-    from goose.interfaces import DraftSource
-
+    """Whether a source class drafts chains: it overrides ``propose`` (a successor-only source such as ``tr``
+    does not)."""
     return cls.propose is not DraftSource.propose
 
 
@@ -258,8 +248,8 @@ def check_chain_source(source) -> None:
 
 
 def _greedy(model, prompt: list[int], max_new: int) -> list[int]:
-    """The model's greedy output after ``prompt``: ``model.generate`` for a transformers model, else a plain
-    argmax loop over full forwards (a toy model)."""
+    """The model's greedy output after ``prompt``: ``model.generate`` for a transformers model, else an
+    argmax loop over full forwards."""
     import torch
 
     from goose.generation import uses_transformers
@@ -292,16 +282,11 @@ def _prompt_ids(tokenizer, text) -> list[int]:
 def measure(source, model, tokenizer, prompts, max_new_tokens: int, progress=None) -> list[dict]:
     """Every proposal ``source`` (a chain source instance) makes along each prompt's greedy output.
 
-    ``prompts``: objects with ``.text`` (a string, or token ids when ``tokenizer`` is None), ``.dataset``
-    and ``.id``. Per prompt a fresh deep copy of ``source`` is begun; at every position i of the output it
-    is asked (:func:`goose.interfaces.call_source`, so its proposals are checked) what follows the prompt
-    and the i tokens before; a tree proposal counts its first chain. One row per proposal: dataset,
-    prompt (id), pos, confidence, n (tokens), accepted (how many the output continues with), left
+    ``prompts``: objects with ``.text`` (a string, or token ids), ``.dataset`` and ``.id``. Per prompt a
+    fresh deep copy of ``source`` is asked (:func:`goose.interfaces.call_source`) at every position i what
+    follows the prompt and the i tokens before; a tree proposal counts its first chain. One row per proposal:
+    dataset, prompt (id), pos, confidence, n (tokens), accepted (how many the output continues with), left
     (output tokens from pos on). ``progress(k, n, prompt)`` is called after each prompt."""
-    import copy
-
-    from goose.interfaces import DraftState, Request, TokenView, call_source, text_config
-
     check_chain_source(source)
     vocab = getattr(text_config(model.config), "vocab_size", None)
     rows = []
@@ -331,9 +316,7 @@ def measure(source, model, tokenizer, prompts, max_new_tokens: int, progress=Non
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
-# Summarizing
-# ---------------------------------------------------------------------------------------------
+# -- summarizing ----------------------------------------------------------------------------------
 def tier_index(confidence: float, floors: Sequence[float]) -> int | None:
     """The index of the first floor ``confidence`` reaches (floors highest first); None below the lowest."""
     return next((i for i, f in enumerate(floors) if confidence >= f), None)
@@ -373,14 +356,19 @@ def wilson_lower(hits: int, trials: int, z: float = Z_DEFAULT) -> float:
     return max(0.0, (centre - spread) / (1 + z2 / trials))
 
 
-def _tally(rows: list[dict], floors: Sequence[float]) -> list[dict]:
-    """Per floor, then one entry for below the lowest floor: the counts behind a tier."""
+def _groups(rows: list[dict], floors: Sequence[float]) -> list[list[dict]]:
+    """``rows`` per floor, then those below the lowest floor."""
     groups: list[list[dict]] = [[] for _ in range(len(floors) + 1)]
     for r in rows:
         i = tier_index(r["confidence"], floors)
         groups[len(floors) if i is None else i].append(r)
+    return groups
+
+
+def _tally(rows: list[dict], floors: Sequence[float]) -> list[dict]:
+    """Per floor, then one entry for below the lowest floor: the counts behind a tier."""
     out = []
-    for rs in groups:
+    for rs in _groups(rows, floors):
         fs = first_proposals(rs)
         h, t = deeper(rs)
         out.append(dict(proposals=len(rs), prompts=len(fs), p_1_hits=sum(r["accepted"] >= 1 for r in fs),
@@ -435,15 +423,8 @@ def by_depth(rows: list[dict], floors: Sequence[float] = (1.0, 0.7)) -> str:
     floors = check_floors(floors)
     head = " | ".join(f"p_d, d {a}-{b}" if a != b else f"p_{a}" for a, b in BANDS)
     out = [f"| confidence tier | {head} |", "|---" * (len(BANDS) + 1) + "|"]
-    groups: list[list[dict]] = [[] for _ in range(len(floors) + 1)]
-    for r in rows:
-        i = tier_index(r["confidence"], floors)
-        groups[len(floors) if i is None else i].append(r)
-    for label, rs in zip(_labels(floors), groups):
-        cells = []
-        for lo, hi in BANDS:
-            h, t = deeper(rs, lo, hi)
-            cells.append(f"{h / t:.3f} ({t})" if t else "-")
+    for label, rs in zip(_labels(floors), _groups(rows, floors)):
+        cells = [f"{h / t:.3f} ({t})" if t else "-" for h, t in (deeper(rs, lo, hi) for lo, hi in BANDS)]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
