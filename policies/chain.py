@@ -15,6 +15,7 @@ class ChainOptions(Options):
     source: str | None = Field(
         None, description="source whose proposal to verify; default: chain: the chain with the most expected "
         "accepted tokens under each source's measured acceptance; proposal: the first that proposes",
+        json_schema_extra={"why": "verify one named source's chain instead of the best-ranked one"},
     )
 
 

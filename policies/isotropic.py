@@ -28,16 +28,22 @@ from goose.tree import DraftTree
 
 
 class IsotropicOptions(Options):
-    k: int = Field(3, ge=1, le=64, description="children per node")
-    max_depth: int = Field(6, ge=1, description="deepest node depth")
+    k: int = Field(3, ge=1, le=64, description="children per node",
+        json_schema_extra={"why": "children per node: the paper's iso3 / iso5 control"},
+    )
+    max_depth: int = Field(6, ge=1, description="deepest node depth",
+        json_schema_extra={"why": "depth of the control tree"},
+    )
     spine_source: str | None = Field(
         None, description="source whose chain continues first at chain nodes when it proposes; None: the chains "
-        "ranked by each source's measured acceptance (every source's chain is in the tree, policies/chains.py)"
+        "ranked by each source's measured acceptance (every source's chain is in the tree, policies/chains.py)",
+        json_schema_extra={"why": "force one chain source first"},
     )
     trust_min: float = Field(
         TRUST_MIN, ge=0.0, le=1.0,
         description="a chain's confidence buys the extension only while its (source, confidence tier) has a measured "
         "depth-1 rate of at least this",
+        json_schema_extra={"why": "how much measured evidence a source's confidence needs before it buys the extension"},
     )
 
 
@@ -93,7 +99,8 @@ TR_TREE_K = 8  # successor ranks a parent may use (the original token recycling'
 
 class TRTreeOptions(Options):
     widths: tuple[int, ...] = Field(
-        (8, 21, 25, 15, 8, 3), description="nodes per level at depths 1, 2, ... (Token Recycling: 80 nodes)"
+        (8, 21, 25, 15, 8, 3), description="nodes per level at depths 1, 2, ... (Token Recycling: 80 nodes)",
+        json_schema_extra={"why": "the static tree's nodes per level: fit its size to the budget and device"},
     )
 
     @field_validator("widths")

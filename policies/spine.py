@@ -76,25 +76,34 @@ def _tally(origins: Sequence[str], nodes: Sequence[int]) -> dict[str, int]:
 class SpineOptions(Options):
     spine_source: str | None = Field(
         None, description="source whose chain always forms the spine when it proposes; None: the chain "
-        "with the most expected accepted tokens under each source's measured acceptance (policies/chains.py)"
+        "with the most expected accepted tokens under each source's measured acceptance (policies/chains.py)",
+        json_schema_extra={"why": "force one chain source to form the spine"},
     )
     confidence: bool = Field(
         True, description="use the chain's confidence: budget + int(confidence * extension), spine ratio "
         "shift and chain extension (off: base budget, the unextended match, no bypass)",
+        json_schema_extra={"why": "off: the ablation without the confidence signal (preset spine-nobypass)"},
     )
-    extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use")
+    extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use",
+        json_schema_extra={"why": "how many extra nodes a confident step may use: what a large tree costs depends on the device"},
+    )
     trust_min: float = Field(
         TRUST_MIN, ge=0.0, le=1.0,
         description="a chain's confidence buys extension, spine share and bypass only while its (source, "
         "confidence tier) has a measured depth-1 rate of at least this (the reported confidence picks the tier)",
+        json_schema_extra={"why": "how much measured evidence a source's confidence needs before it buys extension and spine share"},
     )
     tiers: tuple[float, float, float] = Field(
-        (0.15, 0.30, 0.50), description="base spine share of the budget at low / medium / high spine acceptance"
+        (0.15, 0.30, 0.50), description="base spine share of the budget at low / medium / high spine acceptance",
+        json_schema_extra={"why": "the spine's base share of the budget, per band of spine acceptance"},
     )
-    spine_branches: bool = Field(True, description="hang branches off spine nodes (off: the nobranch ablation)")
+    spine_branches: bool = Field(True, description="hang branches off spine nodes (off: the nobranch ablation)",
+        json_schema_extra={"why": "off: the ablation without branches on spine nodes (preset spine-nobranch)"},
+    )
     coupled: bool = Field(
         True, description="when sampling, order each node's successors by how likely the draw at its depth "
         "picks them, knowing the draw's noise (DraftContext.successors with depth); off: the source's order",
+        json_schema_extra={"why": "off: drafts that do not read the sampling draws' noise (an ablation)"},
     )
 
     @field_validator("tiers")
@@ -275,21 +284,30 @@ class SpinePolicy(MergingPolicy):
 
 # -- the confidence-adaptive bypass around any policy ------------------------------------------
 class BypassOptions(Options):
-    inner: str = Field("spine-tree", description="registered policy to wrap (e.g. 'spine-tree', 'iso3')")
-    inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy")
+    inner: str = Field("spine-tree", description="registered policy to wrap (e.g. 'spine-tree', 'iso3')",
+        json_schema_extra={"why": "which policy the bypass wraps (presets spine, spine-nobranch)"},
+    )
+    inner_options: dict[str, Any] = Field(default_factory=dict, description="options of the inner policy",
+        json_schema_extra={"why": "the wrapped policy's options (how spine-nobranch is expressed)"},
+    )
     spine_source: str | None = Field(
         None, description="source whose chain may bypass the tree; None: the chain with the most expected "
-        "accepted tokens under each source's measured acceptance (the inner policy's spine when it merges chains)"
+        "accepted tokens under each source's measured acceptance (the inner policy's spine when it merges chains)",
+        json_schema_extra={"why": "force the chain source that may bypass the tree"},
     )
     min_length: int | None = Field(
         None, ge=1, description="bypass when the chain has at least this many tokens; None: when it alone fills the "
         "largest tree the inner policy may build (inner.max_nodes(budget) - 1), as in the reference",
+        json_schema_extra={"why": "bypass shorter confident chains where a chain pass is cheap on this device"},
     )
-    max_chain: int = Field(100, ge=1, description="longest chain a bypass verifies (the longest extended chain)")
+    max_chain: int = Field(100, ge=1, description="longest chain a bypass verifies (the longest extended chain)",
+        json_schema_extra={"why": "cap on a bypassed chain's length (memory and the pass's cost)"},
+    )
     trust_min: float = Field(
         TRUST_MIN, ge=0.0, le=1.0,
         description="around a policy that does not merge chains: bypass only while the chain's (source, "
         "confidence tier) has a measured depth-1 rate of at least this (a merging inner policy's own trust_min decides otherwise)",
+        json_schema_extra={"why": "how much measured evidence a source's confidence needs before it buys a bypass"},
     )
 
 
