@@ -1,32 +1,18 @@
 """Branch candidates from every successor source, merged and ranked by what each source has earned.
 
-A successor source answers ``successors(token, prev)`` with likely next tokens, best first. When a
-decoder composes two or more of them, :meth:`goose.DraftContext.successors` asks every one and merges
-their answers per parent: a token two sources propose is one candidate both vouch for. Candidates are
-ordered by :class:`BranchRates`, never by the order of ``sources=[...]``:
-
-- for each source and each rank r of its answers, the rate at which the token it put at rank r was the
-  target's next token, learned online from every verified pass. Along the accepted path the target's
-  next token is known at every node (the next path node, then the bonus token), so every answer the
-  policy asked for at a path node is measured, whether its tokens were drafted or not;
-- the rates start from a pessimistic prior that falls with rank (``prior / (r + 1)``, ``weight``
-  pseudo-observations) and carry ``carry`` of what was learned into a set's next generation;
-- a candidate's score is the best rate among the sources that vouch for it (at the rank each gave it);
-  a candidate two or more sources give is scored by what such agreements have measured, per the best
-  rank any of them gave it, shrunk toward that best rate (agreement is evidence, and how much, is
-  measured too); ties go to the better rank, then the smaller token id. Scores are therefore measured
-  probabilities, on one scale for every source.
-
-With a single successor source its answers pass through unchanged (ids, scores and order as the source
-gives them), so a ``pld + tr`` decoder's trees are what they were before merging existed.
+With two or more successor sources, :meth:`goose.DraftContext.successors` merges their answers per parent (a
+token several propose is one candidate), ordered by :class:`BranchRates`, never by the order of the sources:
+per source and rank r, the rate at which its rank-r token was the target's next token, measured at every node
+of each accepted path (drafted or not), from a prior ``prior / (r + 1)`` worth ``weight`` observations, with
+``carry`` of it kept into the next generation. A candidate scores the best rate among the sources that gave
+it; one several gave, what such agreements measured at its best rank, shrunk toward that rate; ties go to the
+better rank, then the smaller id. A single successor source's answers pass through unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import NamedTuple
-
-
 
 
 def shrunk(hits, trials, prior, weight):
@@ -42,7 +28,6 @@ class Successors(NamedTuple):
     ids: Sequence[int]
     scores: Sequence[float]
     sources: Sequence[tuple[str, ...]]
-
 
 
 class BranchRates:
@@ -83,6 +68,7 @@ class BranchRates:
         return row
 
     def rate(self, source: str, rank: int) -> float:
+        """The source's measured rate at ``rank`` (the last rank's beyond ``max_rank``)."""
         return self.rates(source)[min(rank, self.max_rank - 1)]
 
     def merge(self, answers: Sequence[tuple[str, Sequence[int]]]) -> Successors:
@@ -97,10 +83,7 @@ class BranchRates:
                 if e is None:
                     best[t] = [p, r, [source]]
                 else:
-                    if p > e[0]:
-                        e[0] = p
-                    if r < e[1]:
-                        e[1] = r
+                    e[0], e[1] = max(e[0], p), min(e[1], r)
                     e[2].append(source)
         for e in best.values():
             if len(e[2]) > 1:
@@ -139,6 +122,7 @@ class BranchRates:
         self._table.clear()
 
     def _book_agreements(self, answers, nxt: int) -> None:
+        """Book each candidate several sources gave, at the best rank any gave it, against ``nxt``."""
         seen: dict[int, list] = {}  # token -> [best rank, how many sources gave it]
         for _, ids, _ in answers:
             for r, t in enumerate(ids):

@@ -1,7 +1,6 @@
-"""Every error Goose raises on purpose.
+"""Every error Goose raises on purpose; catch :class:`GooseError` for all of them.
 
 Each message says what failed, the offending value, what is allowed, and a hint.
-Catch :class:`GooseError` to handle all of them.
 """
 
 from __future__ import annotations
@@ -14,6 +13,12 @@ class GooseError(Exception):
     """Base class of all errors raised by Goose on purpose."""
 
 
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest of ``choices``, or ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
 class UnknownComponentError(GooseError, KeyError):
     """A draft source, tree policy or verifier name that nobody registered."""
 
@@ -21,11 +26,8 @@ class UnknownComponentError(GooseError, KeyError):
         self.kind, self.name = kind, name
         self.available = sorted(available)
         msg = f"Unknown {kind} {name!r}. Available: {', '.join(self.available) or '(none)'}."
-        close = difflib.get_close_matches(name, self.available, n=1, cutoff=0.5)
-        if close:
-            msg += f" Did you mean {close[0]!r}?"
-        else:
-            msg += " Run `goose plugins` to list what is registered and where it came from."
+        msg += (did_you_mean(name, self.available)
+                or " Run `goose plugins` to list what is registered and where it came from.")
         if left_out:
             msg += " Plugins left out (one of them may provide it): " + "; ".join(
                 f"{p}: {why}" for p, why in sorted(left_out.items()))
@@ -48,10 +50,9 @@ class InvalidInputError(GooseError, ValueError):
 
 
 class ComponentError(GooseError):
-    """A component (draft source, tree policy or verifier) raised in one of its methods, or returned what its
-    interface does not allow. ``component`` is its registered name, ``hook`` the method (None where the fault
-    is not one call's), and the component's own exception, where there was one, is chained as ``__cause__``.
-    Catch this to handle any plugin's failure; the subclasses name the role."""
+    """A component raised in one of its methods, or returned what its interface does not allow. ``component``
+    is its registered name, ``hook`` the method (None where the fault is not one call's); the component's own
+    exception, if any, is chained as ``__cause__``. The subclasses name the role."""
 
     role = "Component"
 
@@ -62,10 +63,13 @@ class ComponentError(GooseError):
     @classmethod
     def raised(cls, component: str, hook: str, exc: BaseException, hint: str = "") -> ComponentError:
         """The error for ``exc`` raised inside ``component.hook()``, with ``exc`` chained (``hint``: what to do)."""
-        msg = f"{cls.role} {component!r} raised in {hook}(): {type(exc).__name__}: {exc}"
-        err = cls(component, msg + (f". Hint: {hint}" if hint else ""), hook)
+        err = cls(component, cls._raised_text(component, hook, exc) + (f". Hint: {hint}" if hint else ""), hook)
         err.__cause__ = exc
         return err
+
+    @classmethod
+    def _raised_text(cls, component: str, hook: str, exc: BaseException) -> str:
+        return f"{cls.role} {component!r} raised in {hook}(): {type(exc).__name__}: {exc}"
 
 
 class DraftSourceError(ComponentError):
@@ -78,10 +82,8 @@ class DraftSourceError(ComponentError):
         super().__init__(source, f"Draft source {source!r} failed: {message}", hook)
 
     @classmethod
-    def raised(cls, component: str, hook: str, exc: BaseException, hint: str = "") -> DraftSourceError:
-        err = cls(component, f"{hook}() raised {type(exc).__name__}: {exc}" + (f". Hint: {hint}" if hint else ""), hook)
-        err.__cause__ = exc
-        return err
+    def _raised_text(cls, component: str, hook: str, exc: BaseException) -> str:
+        return f"{hook}() raised {type(exc).__name__}: {exc}"  # __init__ names the source
 
 
 class TreePolicyError(ComponentError, PluginError):
@@ -104,19 +106,13 @@ class UnsupportedModelError(GooseError):
     """The model (or its attention implementation) cannot be served by tree verification."""
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
 _ROLE_ERRORS = {"source": DraftSourceError, "policy": TreePolicyError, "verifier": VerifierError}
 
 
 def call_component(role: str, component, hook: str, *args, **kwargs):
-    """``component.<hook>(*args, **kwargs)``, for the loop and ``compose``: a :class:`GooseError` it raises goes
-    through as raised (it says what is wrong already); any other exception comes back as the role's
-    :class:`ComponentError` (``role``: "source", "policy" or "verifier") naming the component and the hook, with
-    the exception chained."""
+    """``component.<hook>(*args, **kwargs)`` (``role``: "source", "policy" or "verifier"): a :class:`GooseError`
+    goes through as raised; any other exception comes back as the role's :class:`ComponentError` naming the
+    component and the hook, the exception chained."""
     try:
         return getattr(component, hook)(*args, **kwargs)
     except GooseError:

@@ -1,19 +1,12 @@
 """What ``model.generate`` would do with these arguments: its generation config, processors, criteria.
 
 ``Decoder.generate(prompt, do_sample=True, temperature=0.7)`` promises the tokens of
-``model.generate(do_sample=True, temperature=0.7)`` under the same seed. transformers fills every
-argument the caller leaves unset from the model's ``generation_config`` (many checkpoints set
-``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, even ``do_sample`` there), then
-from its own global defaults (``top_k=50`` among them), and builds its logits processors and
-stopping criteria from the result, in its own order. Goose does not copy those rules: it asks
-transformers. :func:`resolve` calls the model's own ``generate`` with the caller's arguments and
-a ``custom_generate`` callable that returns what ``generate`` prepared instead of decoding
-(transformers' public hook for replacing the loop; no forward runs). So an unset
-argument gets exactly the value ``model.generate`` would give it, for this model and this
-transformers version, and a default that changes in transformers changes here with it.
-
-A model that is not a transformers ``GenerationMixin`` (Goose's exact toy model, say) has no such
-rules: only the arguments given apply (:func:`explicit`).
+``model.generate(do_sample=True, temperature=0.7)`` under the same seed, and transformers fills unset
+arguments from the model's ``generation_config`` and then its own defaults. Goose does not copy those rules:
+:func:`resolve` calls the model's own ``generate`` with a ``custom_generate`` callable that returns what
+``generate`` prepared instead of decoding (no forward runs), so every argument gets exactly the value
+``model.generate`` would give it. A model that is not a transformers ``GenerationMixin`` (the toy model) has
+no such rules: only the arguments given apply (:func:`explicit`).
 """
 
 from __future__ import annotations
@@ -48,6 +41,7 @@ class Resolved:
 
 def _capture(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
              streamer=None, **model_kwargs):
+    """A ``custom_generate`` that returns what ``generate`` prepared instead of decoding."""
     return generation_config, logits_processor, stopping_criteria
 
 
@@ -70,9 +64,8 @@ def resolve(model, ids: torch.Tensor, max_new_tokens: int, given: dict, logits_p
         kw["stopping_criteria"] = stopping_criteria
     x = ids.view(1, -1)
     try:
-        gc, procs, criteria = model.generate(
-            x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, custom_generate=_capture, **kw
-        )
+        gc, procs, criteria = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                             custom_generate=_capture, **kw)
     except ValueError as exc:  # transformers' own validation (e.g. a processor type it also builds)
         raise InvalidInputError(f"transformers' generate refused these arguments: {exc}") from exc
     refuse(gc)
@@ -115,12 +108,11 @@ def explicit(given: dict, prompt_len: int, eos_ids, logits_processor=None, stopp
 
 
 def refuse(gc) -> None:
-    """Decoding modes a generation config may ask for that Goose's one-sequence loop cannot honour."""
+    """Refuse the decoding modes of generation config ``gc`` that Goose's one-sequence loop cannot honour."""
     def no(option, value, hint):
         raise InvalidInputError(
             f"Goose cannot honour {option}={value!r} (given, or set in the model's generation_config): it decodes "
-            f"one sequence, one candidate at a time, with its own draft sources. Hint: {hint}"
-        )
+            f"one sequence, one candidate at a time, with its own draft sources. Hint: {hint}")
 
     if getattr(gc, "num_beams", 1) not in (None, 1):
         no("num_beams", gc.num_beams, "model.generation_config.num_beams = 1 (or pass num_beams=1 to "

@@ -3,34 +3,19 @@
     out = model.generate(**tok(prompt, return_tensors="pt"), custom_generate=goose.hf_generate,
                          max_new_tokens=128, do_sample=True, temperature=0.7, top_p=0.9)
 
-transformers prepares the inputs, the generation config, the logits processors (``temperature``,
-``top_k``, ``top_p``, ``repetition_penalty``, ``min_new_tokens``, ``prefix_allowed_tokens_fn``,
-a user's list, ...) and the stopping criteria (``max_length``/``max_new_tokens``, eos ids,
-``max_time``, a user's list), then calls :func:`hf_generate` in place of its decoding loop. Goose
-decodes with them: the processors are applied along the tree walk to the rows it visits, each
-committed token is transformers' own choice (argmax, or one ``torch.multinomial`` draw from
-the global generator), and the criteria are checked after every token. The result is what
-``generate`` returns: the prompt and the new ids, or a ``GenerateDecoderOnlyOutput`` with
-``return_dict_in_generate=True`` (``scores`` / ``logits`` when asked).
+transformers prepares the inputs, the generation config, the logits processors and the stopping criteria, then
+calls :func:`hf_generate` in place of its loop. Goose applies the processors to the rows its tree walk visits,
+commits transformers' own choice (argmax, or one ``torch.multinomial`` draw from the global generator), checks
+the criteria after every token, and returns what ``generate`` returns (``GenerateDecoderOnlyOutput`` with
+``return_dict_in_generate=True``). The decoder is ``pld`` + ``tr`` under ``spine-fit``, composed once per model,
+unless ``generate``'s keyword ``goose`` gives a :class:`~goose.Decoder` for this model or a dict of
+:func:`goose.compose` keywords (composed once and kept).
 
-Which decoder: by default ``pld`` + ``tr`` under ``spine-fit``, composed once per model. Another
-configuration reaches it through the keyword ``goose`` of ``generate``: a ready
-:class:`~goose.Decoder` for this model, or a dict of :func:`goose.compose` keywords
-(``goose={"sources": ["pld"], "policy": "chain"}``; composed once and kept).
-
-Two gaps of transformers (5.x) that Goose works around or reports:
-
-- ``generate`` does not hand a callable ``custom_generate`` its ``streamer`` (it only puts the
-  prompt into it). Goose takes the streamer from ``generate``'s own call frame, so ``streamer=``
-  works as with the stock loop; if that frame is not found the streamer gets only the prompt and a
-  warning says so.
-- nor its ``tokenizer``, which ``stop_strings`` need (with the stock loop transformers would raise
-  for want of one). :func:`hf_generate` therefore takes ``stop_strings`` itself (a parameter of its
-  own, so transformers hands it over instead of checking it) and builds transformers'
-  ``StopStringCriteria`` with the first tokenizer it finds: the ``goose=`` Decoder's, the
-  streamer's (``TextStreamer`` and ``TextIteratorStreamer`` keep one), or the one saved beside the
-  model (``AutoTokenizer.from_pretrained(model.name_or_path)``, loaded once per model). With none
-  of these it fails before any forward and says how to give one.
+transformers hands a callable ``custom_generate`` neither its ``streamer`` nor its ``tokenizer``: the streamer
+is taken from ``generate``'s call frame (not found: a warning, and the streamer gets the prompt only), and
+``stop_strings`` (a parameter of :func:`hf_generate`, so that transformers hands it over unchecked) become a
+``StopStringCriteria`` with the first tokenizer found: the ``goose=`` Decoder's, the streamer's, or the one
+saved beside the model; with none, it fails before any forward.
 """
 
 from __future__ import annotations
@@ -42,6 +27,9 @@ import weakref
 
 import torch
 
+from goose import generation
+from goose.compose import compose
+from goose.decoding import Decoder
 from goose.errors import InvalidInputError
 
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: Decoder}
@@ -52,23 +40,19 @@ DEFAULT = {"sources": ["pld", "tr"], "policy": "spine-fit"}
 
 
 def _decoder_for(model, spec):
-    from goose.compose import compose
-    from goose.decoding import Decoder
-
+    """The decoder ``goose=spec`` names for ``model`` (see the module docstring)."""
     if isinstance(spec, Decoder):
         if spec.model is not model:
             raise InvalidInputError(
                 "goose= names a Decoder composed for another model; a decoder verifies with its own model. "
-                "Hint: goose.compose(model, tok, ...) with the model you call generate on."
-            )
+                "Hint: goose.compose(model, tok, ...) with the model you call generate on.")
         return spec
     if spec is None:
         spec = DEFAULT
     if not isinstance(spec, dict):
         raise InvalidInputError(
             f"goose= must be a goose.Decoder or a dict of goose.compose keywords, got {type(spec).__name__}. "
-            "Hint: goose={'sources': ['pld', 'tr'], 'policy': 'spine'}"
-        )
+            "Hint: goose={'sources': ['pld', 'tr'], 'policy': 'spine'}")
     key = repr(sorted(spec.items(), key=lambda kv: kv[0]))
     with _lock:
         per_model = _decoders.setdefault(model, {})
@@ -100,15 +84,15 @@ def _stop_string_tokenizer(model, dec, streamer, stop_strings):
                 f"stop_strings={stop_strings!r} need the model's tokenizer, and transformers does not hand "
                 f"custom_generate the tokenizer= it was given; none was found beside the model ({path!r}). "
                 "Hint: pass goose=goose.compose(model, tok) (its tokenizer is used), or "
-                "stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, stop_strings)])"
-            )
+                "stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, stop_strings)])")
         with _lock:
             tok = _tokenizers.setdefault(model, tok)
     return tok
 
 
 def _generate_locals() -> dict | None:
-    """The arguments of the ``GenerationMixin.generate`` call that called :func:`hf_generate`, if found."""
+    """The ``streamer`` and ``assistant_model`` of the ``GenerationMixin.generate`` call that called
+    :func:`hf_generate`, or None where that frame is not found."""
     frame = inspect.currentframe()
     try:
         f = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
@@ -125,16 +109,13 @@ def _generate_locals() -> dict | None:
 
 
 def _refuse(generation_config, input_ids, model_kwargs, assistant) -> None:
+    """Refuse what Goose's one-sequence loop cannot honour, before any forward."""
     def no(option, value, hint):
         raise InvalidInputError(
             f"goose.hf_generate cannot honour {option}={value!r}: Goose decodes one sequence, one candidate "
-            f"at a time, with its own draft sources. Hint: {hint}"
-        )
+            f"at a time, with its own draft sources. Hint: {hint}")
 
-    from goose import generation
-
-    # generate has already expanded the batch for beams and return sequences: name those first
-    generation.refuse(generation_config)
+    generation.refuse(generation_config)  # the config first: generate has expanded the batch for beams already
     if input_ids.shape[0] != 1:
         no("batch size", input_ids.shape[0], "call generate once per prompt (or drop custom_generate for batches)")
     if assistant is not None:
@@ -152,29 +133,16 @@ def _refuse(generation_config, input_ids, model_kwargs, assistant) -> None:
                f"drop {k}: Goose builds its own cache from the prompt ids")
 
 
-def hf_generate(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor,
-    stopping_criteria,
-    generation_config,
-    synced_gpus: bool = False,
-    streamer=None,
-    goose=None,
-    stop_strings=None,
-    **model_kwargs,
-):
+def hf_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
+                synced_gpus: bool = False, streamer=None, goose=None, stop_strings=None, **model_kwargs):
     """transformers' decoding loop, replaced by Goose's: pass as ``model.generate(custom_generate=...)``."""
     caller = _generate_locals()
     if streamer is None and caller is not None:
         streamer = caller["streamer"]
     _refuse(generation_config, input_ids, model_kwargs, caller["assistant_model"] if caller else None)
     if caller is None:
-        warnings.warn(
-            "goose.hf_generate could not find transformers' generate frame: a streamer passed to generate "
-            "gets the prompt only, and assistant_model cannot be checked",
-            stacklevel=2,
-        )
+        warnings.warn("goose.hf_generate could not find transformers' generate frame: a streamer passed to generate "
+                      "gets the prompt only, and assistant_model cannot be checked", stacklevel=2)
     dec = _decoder_for(model, goose)
     prompt_len = input_ids.shape[1]
     max_length = getattr(generation_config, "max_length", None) or (prompt_len + 20)
@@ -182,8 +150,7 @@ def hf_generate(
     if dec.max_positions is not None:
         max_new = min(max_new, dec.max_positions - prompt_len)
     record = bool(getattr(generation_config, "return_dict_in_generate", False)) and (
-        bool(getattr(generation_config, "output_scores", False)) or bool(getattr(generation_config, "output_logits", False))
-    )
+        bool(getattr(generation_config, "output_scores", False)) or bool(getattr(generation_config, "output_logits", False)))
     if stop_strings:
         from transformers import StoppingCriteriaList, StopStringCriteria
 
@@ -191,13 +158,9 @@ def hf_generate(
             stop_strings = [stop_strings]
         tok = _stop_string_tokenizer(model, dec, streamer, stop_strings)
         stopping_criteria = StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tok, list(stop_strings))])
-    from goose import generation
-
     resolved = generation.from_transformers(generation_config, logits_processor, stopping_criteria)
-    out = dec.generate_resolved(
-        dec.prompt_tensor(input_ids[0]), max_new, resolved.stop_ids, resolved, None, streamer, record,
-        stream_prompt=False,  # generate has put the prompt already
-    )
+    out = dec.generate_resolved(dec.prompt_tensor(input_ids[0]), max_new, resolved.stop_ids, resolved, None,
+                                streamer, record, stream_prompt=False)  # generate has put the prompt already
     new = torch.tensor([out.token_ids], dtype=torch.long, device=input_ids.device)
     sequences = torch.cat([input_ids, new], dim=-1)
     if not getattr(generation_config, "return_dict_in_generate", False):
@@ -205,9 +168,5 @@ def hf_generate(
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     return GenerateDecoderOnlyOutput(
-        sequences=sequences,
-        scores=out.scores if generation_config.output_scores else None,
-        logits=out.logits if generation_config.output_logits else None,
-        attentions=None,
-        hidden_states=None,
-    )
+        sequences=sequences, scores=out.scores if generation_config.output_scores else None,
+        logits=out.logits if generation_config.output_logits else None, attentions=None, hidden_states=None)

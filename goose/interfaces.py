@@ -1,9 +1,6 @@
-"""The three extension points: :class:`DraftSource`, :class:`TreePolicy`, :class:`Verifier`.
-
-The records that cross them (:class:`Request`, :class:`DraftState`, :class:`Proposal`, :class:`Verified`,
-the :class:`~goose.tree.DraftTree`) are frozen dataclasses; a policy reads the sources through a
-:class:`DraftContext`. Components are built once by :func:`goose.compose`; the decoding loop then calls
-their methods directly (no hook calls per node). Options are frozen pydantic models with ``extra="forbid"``.
+"""The three extension points (:class:`DraftSource`, :class:`TreePolicy`, :class:`Verifier`), their
+:class:`Options`, and the frozen records that cross them; a policy reads the sources through a
+:class:`DraftContext`. :func:`goose.compose` builds the components once; the loop calls their methods directly.
 """
 
 from __future__ import annotations
@@ -11,12 +8,11 @@ from __future__ import annotations
 import math
 import numbers
 import time
-
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import UnionType
-from typing import TYPE_CHECKING, ClassVar, Union, get_args, get_origin
+from typing import ClassVar, Union, get_args, get_origin
 
 import numpy as np
 import torch
@@ -26,17 +22,12 @@ from goose.branches import BranchRates, Successors
 from goose.errors import DraftSourceError
 from goose.tree import ROOT, DraftTree
 
-if TYPE_CHECKING:  # pragma: no cover
-    pass
-
 
 class Options(BaseModel):
-    """Base class of every component's options: unknown fields are an error, and numbers and bools are taken as
-    they are, never converted: an ``int`` option takes an integer only (``True``, ``3.0`` or ``"3"`` is refused, not
-    turned into 1 or 3), a ``float`` option a number (an int is fine; ``True`` or ``"0.5"`` is refused), and a ``bool``
-    option ``True`` or ``False`` only (``"yes"``, ``"false"`` or ``1`` is refused, not read as a bool). The same holds
-    inside a tuple, list or dict option (``tuple[int, ...]``: each item an int; a dict's values, not its keys, which
-    a method spec's JSON writes as strings). A method spec's ``3`` is an int already (goose.specs parses it)."""
+    """Base class of every component's options: unknown fields are an error, and scalars are never converted:
+    an ``int`` option refuses ``True``, ``3.0`` and ``"3"``; a ``float`` option takes an int but refuses a bool or
+    a string; a ``bool`` option takes ``True`` or ``False`` only. The same holds for the items of a tuple or list
+    option and the values (not the keys) of a dict option."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,8 +60,7 @@ def _members(annotation) -> tuple:
 
 
 def _fits(kind: type, v) -> bool:
-    """Whether option type ``kind`` may take ``v`` as it is: a bool only for bool; for int no bool, string or
-    non-integer number (no float, 3.0 included); for float no bool or string. Other values are left to pydantic."""
+    """Whether option type ``kind`` (bool, int or float) may take ``v`` as it is (see :class:`Options`)."""
     if kind is bool:
         return isinstance(v, bool)
     if isinstance(v, (bool, str, bytes)):
@@ -79,10 +69,8 @@ def _fits(kind: type, v) -> bool:
 
 
 def _scalar_problem(annotation, v, where: str = ""):
-    """``(where, kind, value)`` for the first value in ``v`` an option of type ``annotation`` must refuse (a string
-    for an int, a bool for a float, ...; ``where``: the item's place inside a tuple, list or dict option, "" for the
-    option itself), or None. Types other than bool, int and float, and unions that also take another type (``int |
-    str``: a string is allowed), are left to pydantic."""
+    """``(where, kind, value)`` for the first value in ``v`` an option of type ``annotation`` must refuse (``where``:
+    the item's place in the option, "" for the option itself), or None. Other types are left to pydantic."""
     if v is None:
         return None
     members = _members(annotation)
@@ -95,21 +83,16 @@ def _scalar_problem(annotation, v, where: str = ""):
     if len(members) != 1 or scalars:
         return None
     origin, args = get_origin(members[0]), get_args(members[0])
+    items = ()  # (annotation, value, where) of each item
     if origin in (tuple, list, set, frozenset) and isinstance(v, (list, tuple)) and args:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            items = zip(args, v) if len(args) == len(v) else ()
+            pairs = zip(args, v) if len(args) == len(v) else ()
         else:
-            items = ((args[0], x) for x in v)
-        for i, (ann, x) in enumerate(items):
-            found = _scalar_problem(ann, x, f"{where}[{i}]")
-            if found is not None:
-                return found
+            pairs = ((args[0], x) for x in v)
+        items = ((ann, x, f"{where}[{i}]") for i, (ann, x) in enumerate(pairs))
     elif origin is dict and isinstance(v, Mapping) and len(args) == 2:
-        for k, x in v.items():
-            found = _scalar_problem(args[1], x, f"{where}[{k!r}]")
-            if found is not None:
-                return found
-    return None
+        items = ((args[1], x, f"{where}[{k!r}]") for k, x in v.items())
+    return next((found for ann, x, w in items if (found := _scalar_problem(ann, x, w)) is not None), None)
 
 
 def _bounds(metadata) -> str:
@@ -142,9 +125,6 @@ def _scalar_hint(field: str, wanted: type, bad, nested: bool) -> str:
     return f"{what}: {kind} written as one (`goose plugins --options` lists each component's options)"
 
 
-# ---------------------------------------------------------------------------------------------
-# Records that cross the interfaces
-# ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Request:
     """What a component learns when a generation starts (``begin``)."""
@@ -156,13 +136,8 @@ class Request:
 
 
 class TokenView(Sequence):
-    """The loop's committed tokens, read-only: indexing, slicing (a new list), ``len``, iteration.
-
-    Every source drafts from the same list in one step, so a source that appended to it, overwrote
-    or cleared it would corrupt every other source's drafting and the loop's own record; this view
-    refuses each of those with a ``TypeError`` (which the loop reports as a ``DraftSourceError``
-    naming the source). It wraps the list, it does not copy it: ``list(state.tokens)`` gives a copy
-    a source may change."""
+    """The loop's committed tokens, shared by every source, without a copy: reading works as on a list; each
+    change raises ``TypeError`` (a ``DraftSourceError`` naming the source). ``list(state.tokens)`` is a copy."""
 
     __slots__ = ("_tokens",)
 
@@ -201,10 +176,8 @@ class TokenView(Sequence):
         return f"TokenView({list(self._tokens)!r})"
 
     def _refuse(self, *args, **kwargs):
-        raise TypeError(
-            "state.tokens is read-only: it is the decoder's committed sequence, shared by every source. "
-            "Hint: copy it first (list(state.tokens)) to build on it"
-        )
+        raise TypeError("state.tokens is read-only: it is the decoder's committed sequence, shared by every source. "
+                        "Hint: copy it first (list(state.tokens)) to build on it")
 
     __setitem__ = __delitem__ = __iadd__ = __imul__ = __setattr__ = _refuse
     append = extend = insert = pop = remove = clear = sort = reverse = _refuse
@@ -226,11 +199,8 @@ class DraftState:
 
 @dataclass(frozen=True)
 class Proposal:
-    """What one draft source proposes: nodes hanging under the root (the root itself excluded).
-
-    ``parents[i] == -1`` attaches node i to the root, otherwise ``0 <= parents[i] < i`` names an
-    earlier node of this proposal. A chain has ``parents == (-1, 0, 1, ...)``.
-    """
+    """What one draft source proposes: nodes under the root (root excluded). ``parents[i]`` is -1 (the root) or
+    an earlier node ``0 <= parents[i] < i``; a chain has ``parents == (-1, 0, 1, ...)``."""
 
     source: str
     tokens: tuple[int, ...]  # [num_drafted]
@@ -242,8 +212,8 @@ class Proposal:
 
     @classmethod
     def chain(cls, source: str, tokens: Sequence[int], confidence: float = 0.0, **info) -> Proposal:
-        # ids are kept as given (ints; numpy or 0-d torch integers become ints): a float or a bool
-        # is not truncated into some token but refused where the proposal leaves its source
+        """A chain of ``tokens``. Integer ids become ints; a float or bool is kept, and refused by
+        :func:`check_proposal` when the proposal leaves its source."""
         toks = tuple(_as_id(t) for t in tokens)
         return cls(source, toks, tuple(range(-1, len(toks) - 1)), None, confidence, None, info)
 
@@ -255,8 +225,7 @@ class Proposal:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
     def first_chain(self) -> tuple[int, ...]:
-        """The tokens as one chain: all of them for a chain, else the first root-to-leaf path (each node's
-        first child, from the root: where a source puts its likeliest continuation)."""
+        """All the tokens of a chain; for a tree, the path through each node's first child (a source's likeliest)."""
         parents = self.parents
         n = len(parents)
         if n == 0 or parents[-1] == n - 2 and self.is_chain:
@@ -269,28 +238,20 @@ class Proposal:
         return tuple(out)
 
     def as_tree(self, root: int, route: str | None = None) -> DraftTree:
+        """The proposal hung under ``root``, every node credited to its source (route: "chain" or "tree")."""
         origins = self.origins or (self.source,) * len(self.tokens)
-        return DraftTree.build(
-            (root, *self.tokens),
-            (-1, *(p + 1 for p in self.parents)),
-            (ROOT, *origins),
-            None if self.scores is None else (1.0, *self.scores),
-            route or ("chain" if self.is_chain else "tree"),
-            ((),) + ((self.source,),) * len(self.tokens),
-        )
+        return DraftTree.build((root, *self.tokens), (-1, *(p + 1 for p in self.parents)), (ROOT, *origins),
+                               None if self.scores is None else (1.0, *self.scores),
+                               route or ("chain" if self.is_chain else "tree"),
+                               ((),) + ((self.source,),) * len(self.tokens))
 
 
 @dataclass(frozen=True)
 class Verified:
-    """One target forward pass and its outcome: what sources and policies learn from.
-
-    For the prefill, ``tokens`` are the prompt positions whose logits were computed (the last
-    ``keep`` of the prompt, see :meth:`DraftSource.prefill_positions`) and ``predecessors`` the
-    tokens before them (-1 before the first prompt token). For a tree
-    pass, ``tokens`` are the tree's nodes and ``predecessors`` their parents' tokens; the root's
-    is the token before the anchor on the single-step, chain and bypass routes, -1 on tree routes
-    (as in the GOOSE reference).
-    """
+    """One target forward pass and its outcome. Prefill: ``tokens`` are the prompt positions whose logits were
+    computed (the last ``keep``), ``predecessors`` the tokens before them (-1 before the first). Tree pass:
+    ``tokens`` are the tree's nodes, ``predecessors`` their parents' tokens; the root's is the token before the
+    anchor on the single-step, chain and bypass routes, -1 on tree routes (as in the GOOSE reference)."""
 
     kind: str  # "prefill" or "tree"
     tokens: torch.Tensor  # [n] long: token at each verified position
@@ -302,9 +263,8 @@ class Verified:
     accepted: tuple[int, ...] = ()  # accepted draft tokens: root and bonus excluded
     bonus: int | None = None  # the target's token after the last accepted node (None: the walk ended on one)
     walk: str = "greedy"  # how tokens were chosen: "greedy" (raw argmax), "processed" or "sample"
-    # a prefill that computed its last row only: call for the record with every row the sources asked for
-    # (None when they cannot be had); the loop calls it before the first draft. It travels with the record,
-    # so a verifier that wraps another and returns its prefill unchanged keeps the deferred rows.
+    # a prefill that computed its last row only: returns the record with every row the sources asked for
+    # (None: not available); the loop calls it before the first draft. A wrapping verifier passes it on as is.
     rest: Callable[[], Verified | None] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -312,73 +272,62 @@ class Verified:
         return len(self.accepted)
 
 
-# ---------------------------------------------------------------------------------------------
-# Draft sources
-# ---------------------------------------------------------------------------------------------
-class DraftSource(ABC):
-    """A source of draft tokens. Subclass, set ``name`` and ``Options``, and implement :meth:`propose`
-    (a chain source), :meth:`successors` with ``provides_successors = True`` (a successor source, whose
-    answers tree policies hang as branches), or both."""
+class _Component(ABC):
+    """What the three roles share: the registered ``name``, the ``Options`` model and per-generation stats."""
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
-    provides_successors: ClassVar[bool] = False
-    #: what this source's measured confidence tiers (``goose tiers``) are stored under, with its name: raise it
-    #: when a change makes earlier measurements of its proposals stale
-    version: ClassVar[str] = "1"
 
     def __init__(self, options: Options | None = None):
         self.options = options if options is not None else self.Options()
 
+    def stats(self) -> dict:
+        """Per-generation statistics, reported in ``stats.extra`` under the source's name, ``"policy"`` or
+        ``"verifier"`` (a verifier's ``prefill_logit_rows`` as ``stats.extra["prefill_logit_rows"]``)."""
+        return {}
+
+
+class DraftSource(_Component):
+    """A source of draft tokens: implement :meth:`propose` (a chain source), :meth:`successors` with
+    ``provides_successors = True`` (a successor source, whose answers policies hang as branches), or both."""
+
+    provides_successors: ClassVar[bool] = False
+    #: with the name, the key of this source's measured confidence tiers (``goose tiers``): raise it when a
+    #: change makes earlier measurements stale
+    version: ClassVar[str] = "1"
+
     def attach(self, model, tokenizer) -> None:
-        """Called once by ``compose`` with the target model and the decoder's tokenizer (None where the decoder
-        was composed without one). A source that works on text (a phrase list, a retrieval index) turns it into
-        token ids here, with the tokenizer the decoder's output is decoded with, instead of loading its own."""
+        """Called once by ``compose`` with the target model and the decoder's tokenizer (None: composed without
+        one), with which a source that works on text (a phrase list, a retrieval index) tokenizes it."""
 
     def begin(self, request: Request) -> None:
         """A generation starts; reset per-request state."""
 
     def end(self, output) -> None:
-        """A generation finished: ``output`` is its :class:`~goose.decoding.GenerationOutput`
-        (``prompt_ids``, the committed ``token_ids``, ``stats``). Called once per successful
-        ``generate``, after the last step, on the same instance that drafted it: a source that
-        learns across requests updates its history here. (Not called when the generation raised.)"""
+        """A generation succeeded: ``output`` is its :class:`~goose.decoding.GenerationOutput`. Called on the
+        instance that drafted it (not when it raised): a source that learns across requests does so here."""
 
     def propose(self, state: DraftState) -> Proposal | None:
-        """Draft tokens to follow ``state.anchor``, or None when there is nothing to propose (a successor
-        source that drafts only through :meth:`successors` need not implement it)."""
+        """Draft tokens to follow ``state.anchor``, or None (a source that drafts only through
+        :meth:`successors` need not implement it)."""
         return None
 
     def observe(self, verified: Verified) -> None:
         """Learn from a verified forward pass (prefill or tree). Called after every pass."""
 
     def prefill_positions(self, prompt_len: int) -> int:
-        """How many trailing prompt positions' logits this source learns from in the prefill.
-
-        The prefill computes logits only for the most any source asks for (at least the last
-        position, whose argmax is the first new token): a ``prompt_len x vocab`` matrix for a long
-        prompt is more memory than the model itself. 0: none.
-        """
+        """How many trailing prompt positions' logits this source learns from in the prefill (0: none). The
+        prefill computes only the most any source asks for: ``prompt_len x vocab`` logits can outweigh the model."""
         return 0
 
     def successors(self, token: int, prev: int | None) -> tuple[Sequence[int], Sequence[float]]:
         """Likely tokens after ``token`` (preceded by ``prev``), best first, with scores."""
         return (), ()
 
-    def stats(self) -> dict:
-        """Extra per-generation statistics this source wants reported."""
-        return {}
 
-
-# ---------------------------------------------------------------------------------------------
-# Tree policies
-# ---------------------------------------------------------------------------------------------
 class DraftContext:
-    """What a tree policy works from in one step: the state, the budget, and lazy proposals.
-
-    A source's :meth:`DraftSource.propose` runs only when a policy first asks for its proposal;
-    errors it raises come back as :class:`~goose.errors.DraftSourceError` naming the source.
-    """
+    """What a tree policy works from in one step: the state, the budget, and lazy proposals (a source's
+    ``propose`` runs when a policy first asks for it; its errors come back as a ``DraftSourceError``)."""
 
     __slots__ = ("state", "sources", "_proposals", "_succ", "source_s", "noise", "vocab_size", "branch_rates", "asked")
 
@@ -390,12 +339,11 @@ class DraftContext:
         self._proposals: dict[str, Proposal | None] = {}
         self._succ = tuple(s for s in self.sources if s.provides_successors)
         self.source_s = 0.0  # seconds spent inside the sources (propose, successors) this step
-        # when sampling: the draws' noise of this step's tokens (goose.sampling.NoiseView), else None
-        self.noise = noise
+        self.noise = noise  # when sampling: this step's draw noise (goose.sampling.NoiseView), else None
         # two or more successor sources: their answers merge, ranked by these measured rates (goose.branches)
         self.branch_rates = branch_rates if branch_rates is not None or len(self._succ) < 2 else BranchRates()
-        # {(token, prev): ((source, ids), ...)}: every successor answer asked for this step, which the loop
-        # books against the target's tokens after the pass (BranchRates.book)
+        # {(token, prev): ((source, ids, scores), ...)}: the successor answers asked for this step, which the
+        # loop books against the target's tokens after the pass (BranchRates.book)
         self.asked: dict = {}
 
     @property
@@ -403,12 +351,10 @@ class DraftContext:
         return self.state.budget
 
     def source(self, name: str) -> DraftSource | None:
-        for s in self.sources:
-            if s.name == name:
-                return s
-        return None
+        return next((s for s in self.sources if s.name == name), None)
 
     def proposal(self, name: str) -> Proposal | None:
+        """Source ``name``'s checked proposal (None: no such source, or nothing proposed), asked once per step."""
         if name in self._proposals:
             return self._proposals[name]
         src = self.source(name)
@@ -419,28 +365,15 @@ class DraftContext:
         return result
 
     def proposals(self) -> dict[str, Proposal]:
-        """Every source's proposal, in source order, Nones dropped."""
-        out = {}
-        for s in self.sources:
-            p = self.proposal(s.name)
-            if p is not None and len(p):
-                out[s.name] = p
-        return out
+        """Every source's proposal, in source order, empty ones dropped."""
+        return {s.name: p for s in self.sources if (p := self.proposal(s.name)) is not None and len(p)}
 
     def successors(self, token: int, prev: int | None, depth: int | None = None) -> Successors:
-        """Likely next tokens after ``token`` (``prev`` before it) from every successor-providing source:
-        ``(ids, scores, sources)``, best first, ``sources[i]`` naming who proposed ``ids[i]``.
-
-        One successor source: its answer as it gives it. Two or more: each is asked, and their answers
-        merge into one list, a token two sources give being one candidate both vouch for, ordered and
-        scored by each source's measured acceptance at the rank it gave the token (goose.branches), never
-        by the order of the sources.
-
-        ``depth``: the tree depth the successors would be placed at (1: children of the root).
-        Given it while sampling, the successors come ordered by how likely this step's draw at
-        that depth picks each, knowing the draw's noise (:class:`~goose.sampling.NoiseView`);
-        the scores are then those likelihoods. Without it (or when not sampling): the order above.
-        """
+        """Likely next tokens after ``token`` (``prev`` before it) from every successor source: ``(ids, scores,
+        sources)``, best first, ``sources[i]`` naming who proposed ``ids[i]``. One source's answer comes as
+        given; several merge into one list ranked by measured acceptance (goose.branches). ``depth``: the tree
+        depth they would be placed at (1: the root's children); given it while sampling, they are ranked by how
+        likely this step's draw there picks each (:class:`~goose.sampling.NoiseView`)."""
         t0 = time.perf_counter()
         try:
             key = (token, prev)
@@ -469,9 +402,8 @@ class DraftContext:
             try:
                 ids, scores = s.successors(token, prev)
             except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
-                err = DraftSourceError(s.name, f"successors({token}, {prev}) raised {type(exc).__name__}: {exc}",
-                                       "successors")
-                raise err from exc
+                raise DraftSourceError(s.name, f"successors({token}, {prev}) raised {type(exc).__name__}: {exc}",
+                                       "successors") from exc
             if len(ids) or len(scores):
                 ids, scores = check_successors(s.name, token, ids, scores, self.vocab_size)
                 out.append((s.name, ids, scores))
@@ -483,7 +415,7 @@ _NO_SUCCESSORS = Successors((), (), ())
 
 def _as_id(t):
     """An int for integer-valued ids (numpy or 0-d torch integers), anything else as it is."""
-    if isinstance(t, bool) or isinstance(t, int):
+    if isinstance(t, int):  # bools included: kept, to be refused
         return t
     if isinstance(t, np.integer):
         return int(t)
@@ -501,16 +433,18 @@ def call_source(src: DraftSource, state: DraftState, vocab_size: int | None = No
     if prop is None:
         return None
     if not isinstance(prop, Proposal):
-        raise DraftSourceError(
-            src.name, f"propose() must return a goose.Proposal or None, got {type(prop).__name__}"
-        )
+        raise DraftSourceError(src.name, f"propose() must return a goose.Proposal or None, got {type(prop).__name__}")
     return check_proposal(src.name, prop, vocab_size)
 
 
+def _finite(x) -> bool:
+    """Whether ``x`` is a finite real number (a bool is not)."""
+    return not isinstance(x, bool) and isinstance(x, numbers.Real) and math.isfinite(x)
+
+
 def check_successors(source: str, token: int, ids: Sequence, scores: Sequence, vocab_size: int | None = None):
-    """``(ids, scores)`` as they leave source ``source``'s ``successors(token, ...)``: as many scores as ids,
-    ids integers in ``[0, vocab_size)`` (normalised to ints) with no repeat, scores finite numbers; or a
-    :class:`DraftSourceError` naming the source, the position and the value."""
+    """``(ids, scores)`` from source ``source``'s ``successors(token, ...)``, checked (one finite score per id, ids
+    distinct ints in ``[0, vocab_size)``), or a :class:`DraftSourceError` naming the source, position and value."""
 
     def bad(what: str, hint: str):
         raise DraftSourceError(source, f"successors({token}, ...) returned {what}. Hint: {hint}")
@@ -530,16 +464,14 @@ def check_successors(source: str, token: int, ids: Sequence, scores: Sequence, v
     if len(set(ids)) != n:
         bad(f"a repeated id in {list(ids)}", "list each successor once, best first")
     for i, sc in enumerate(scores):
-        if isinstance(sc, bool) or not isinstance(sc, numbers.Real) or not math.isfinite(sc):
+        if not _finite(sc):
             bad(f"score {sc!r} at position {i}, not a finite number", "scores are the successors' probabilities or weights")
     return ids, scores
 
 
 def _plainly_valid(prop: Proposal, vocab_size: int | None) -> bool:
-    """Whether ``prop`` passes every node check of :func:`check_proposal` as it is (plain int ids and parents,
-    in range, no duplicate siblings, finite scores, a float confidence): a bulk test, so that a valid
-    proposal costs a few passes over its nodes at C speed; anything else goes through the node-by-node
-    checks, which name what is wrong."""
+    """Whether ``prop`` passes every node check of :func:`check_proposal` as it is: a bulk test, so that a valid
+    proposal skips the node-by-node checks, which exist to name what is wrong."""
     tokens, parents = prop.tokens, prop.parents
     n = len(tokens)
     if type(prop.confidence) is not float or not n:
@@ -548,7 +480,7 @@ def _plainly_valid(prop: Proposal, vocab_size: int | None) -> bool:
         return False
     if min(tokens) < 0 or (vocab_size is not None and max(tokens) >= vocab_size):
         return False
-    # a chain has one child per node: no sibling to repeat; a tree's parents come before their children
+    # a chain has no siblings to repeat; a tree's parents come before their children
     if not prop.is_chain and not (min(parents) >= -1 and all(p < i for i, p in enumerate(parents))
                                   and len(set(zip(parents, tokens))) == n):
         return False
@@ -557,8 +489,8 @@ def _plainly_valid(prop: Proposal, vocab_size: int | None) -> bool:
 
 
 def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -> Proposal:
-    """``prop`` as it leaves source ``source``, checked node by node (ids normalised to ints), or a
-    :class:`DraftSourceError` naming the source, the proposal's node index and the value."""
+    """``prop`` as it leaves source ``source``, checked (ids, parents and confidence normalised to int and float),
+    or a :class:`DraftSourceError` naming the source, the node index and the value."""
 
     def bad(what: str, hint: str):
         raise DraftSourceError(source, f"{what}. Hint: {hint}")
@@ -573,10 +505,10 @@ def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -
         if per_node is not None and len(per_node) != n:
             bad(f"proposal has {n} tokens but {len(per_node)} {name}", f"one {name[:-1]} per token, or {name}=None")
     c = prop.confidence
-    if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or not 0.0 <= c <= 1.0:
+    if not _finite(c) or not 0.0 <= c <= 1.0:
         bad(f"confidence={c!r} is not allowed: a finite number in [0, 1]",
             "0 when unsure; the policies give a confident chain more budget (docs/plugins.md)")
-    if _plainly_valid(prop, vocab_size):  # the common case, checked in bulk: every rule below holds
+    if _plainly_valid(prop, vocab_size):
         return prop
     limit = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocabulary size)"
     tokens = tuple(_as_id(t) for t in prop.tokens)
@@ -595,37 +527,26 @@ def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -
         seen[p, t] = i
     if prop.scores is not None:
         for i, s in enumerate(prop.scores):
-            if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(s):
+            if not _finite(s):
                 bad(f"proposal node {i}: score {s!r} is not allowed: a finite number", "scores=None if there are none")
     if any(type(t) is not int for t in prop.tokens) or type(c) is not float or any(type(p) is not int for p in prop.parents):
-        from dataclasses import replace
-
         prop = replace(prop, tokens=tokens, parents=tuple(int(_as_id(p)) for p in prop.parents), confidence=float(c))
     return prop
 
 
-class TreePolicy(ABC):
+class TreePolicy(_Component):
     """Turns the sources' proposals and a node budget into one draft tree."""
-
-    name: ClassVar[str] = ""
-    Options: ClassVar[type[Options]] = Options
-
-    def __init__(self, options: Options | None = None):
-        self.options = options if options is not None else self.Options()
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
         """Called once by ``compose`` with the decoder's sources; raise GooseError if unusable."""
 
     def attach(self, model, verifier: Verifier) -> None:
-        """Called once by ``compose`` with the target model and the bound verifier that will run it (e.g.
-        to calibrate that verifier's latency through its speed protocol)."""
+        """Called once by ``compose`` with the target model and the bound verifier that will run it (e.g. to
+        calibrate that verifier's latency through its speed protocol)."""
 
     def max_nodes(self, budget: int) -> int:
-        """The most nodes (root included) a tree of this policy may have at this ``budget``.
-
-        Policies that extend the budget (e.g. with confidence) override this; the loop refuses
-        larger trees.
-        """
+        """The most nodes (root included) a tree of this policy may have at ``budget``; the loop refuses larger
+        trees. A policy that extends the budget (e.g. with confidence) overrides it."""
         return budget
 
     def begin(self, request: Request) -> None:
@@ -635,17 +556,13 @@ class TreePolicy(ABC):
         """A generation finished (see :meth:`DraftSource.end`)."""
 
     def consulted(self, sources: Sequence[DraftSource]) -> frozenset[str] | None:
-        """After :meth:`bind`: the names of the sources this policy may ever draft from (None: any
-        of them). ``compose`` warns about a source the policy never consults."""
+        """After :meth:`bind`: the names of the sources this policy may ever draft from (None: any of them).
+        ``compose`` warns about a source the policy never consults."""
         return None
 
     def prefill_positions(self, prompt_len: int, wanted: int) -> int:
-        """How many trailing prompt positions' logits the prefill computes, given what the sources want.
-
-        Each is one more row through the LM head. A policy that knows what a row costs on this
-        device (``fit``) lowers it where the rows cost more than they can earn; the loop computes
-        at least the last position's.
-        """
+        """How many trailing prompt positions' logits the prefill computes, given what the sources want (the loop
+        computes at least 1); a policy that knows what a row through the LM head costs (``fit``) may lower it."""
         return wanted
 
     @abstractmethod
@@ -655,40 +572,26 @@ class TreePolicy(ABC):
     def observe(self, verified: Verified) -> None:
         """Learn from a verified pass (e.g. update acceptance estimates)."""
 
-    def stats(self) -> dict:
-        return {}
 
-
-# ---------------------------------------------------------------------------------------------
-# Verifiers
-# ---------------------------------------------------------------------------------------------
-class Verifier(ABC):
+class Verifier(_Component):
     """Runs the target model: the prefill, then one forward per draft tree, and keeps its cache.
 
-    What the decoding loop reads besides the methods: ``vocab_size`` (ids outside ``[0, vocab_size)`` are
-    refused), ``max_positions`` (the model's context, None: unbounded) and ``supports_rules`` (True: the
-    verifier walks trees with a request's :class:`~goose.sampling.TokenRule`, passed to :meth:`prefill` and
-    :meth:`verify` as ``rule``; False: greedy requests only, and ``rule`` is never passed). :meth:`bind` sets
-    the first two from the model's config; a verifier that wraps another sets them from the inner one.
+    The loop also reads ``vocab_size`` (ids outside ``[0, vocab_size)`` are refused), ``max_positions`` (the
+    model's context, None: unbounded) and ``supports_rules`` (True: trees are walked with the request's
+    :class:`~goose.sampling.TokenRule`, passed as ``rule``; False: greedy requests only, ``rule`` never passed).
+    :meth:`bind` sets the first two from the model's config; a wrapping verifier, from the inner one.
 
-    **Speed protocol.** A fitted policy (``spine-fit``) and ``goose calibrate`` price a tree by the latency
-    curve of the composed verifier, measured through :meth:`timing_key`, :meth:`pass_forms`,
-    :meth:`form_serves`, :meth:`time_pass` and :meth:`forms_kept` (goose.verifiers.latency). The defaults time this
-    verifier's own ``verify``; a verifier whose passes can run in several forms (kernels) lists them so that
-    the calibration picks the fastest per tree size, and reads the result back with
-    ``goose.verifiers.latency.cached_curve(model, self)``.
-    """
+    **Speed protocol.** A fitted policy (``spine-fit``) and ``goose calibrate`` price a tree by the composed
+    verifier's latency curve, measured through :meth:`timing_key`, :meth:`pass_forms`, :meth:`form_serves`,
+    :meth:`time_pass` and :meth:`forms_kept` (goose.verifiers.latency). The defaults time :meth:`verify`; a
+    verifier whose passes run in several forms (kernels) lists them so that the calibration picks the fastest
+    per tree size, and reads the result back with ``goose.verifiers.latency.cached_curve(model, self)``."""
 
-    name: ClassVar[str] = ""
-    Options: ClassVar[type[Options]] = Options
     supports_rules: ClassVar[bool] = False
     #: part of :meth:`timing_key`: raise it when a change makes this verifier's earlier latency curves stale
     version: ClassVar[str] = "1"
     vocab_size: int
     max_positions: int | None = None
-
-    def __init__(self, options: Options | None = None):
-        self.options = options if options is not None else self.Options()
 
     def bind(self, model) -> None:
         """Attach the target model; raise UnsupportedModelError if it cannot be served. Sets ``vocab_size``
@@ -706,16 +609,11 @@ class Verifier(ABC):
 
     @abstractmethod
     def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None, rule=None) -> Verified:
-        """Run the prompt (``[prompt_len]`` long) through the model, fresh cache.
-
-        ``keep``: compute the logits of the last ``keep`` prompt positions only (None: all); the
-        returned record then covers those positions (``tokens``, ``predecessors``, ``logits``).
-        A verifier may instead return the last position's row only, with ``Verified.rest`` set to a
-        callable that computes the record with every row: the loop calls it before the first draft.
-        ``rule``: the request's token rule (sampling, processors), passed only when ``supports_rules``;
-        the first token is ``rule.choose(...)`` instead of the argmax, and the same rule reaches every
-        :meth:`verify` of the request.
-        """
+        """Run the prompt (``[prompt_len]`` long) through the model, fresh cache. ``keep``: compute the logits of
+        the last ``keep`` positions only (None: all), which the record covers; or return the last row only, with
+        ``Verified.rest`` computing the full record (called before the first draft). ``rule``: the request's
+        token rule, passed only when ``supports_rules``; the first token is ``rule.choose(...)`` instead of the
+        argmax, and the same rule reaches every :meth:`verify` of the request."""
 
     @abstractmethod
     def verify(self, tree: DraftTree, rule=None) -> Verified:
@@ -724,15 +622,9 @@ class Verifier(ABC):
     def end(self) -> None:
         """Release per-request state (the cache)."""
 
-    def stats(self) -> dict:
-        """Per-generation statistics (e.g. time per part of verification), reported under ``stats.extra["verifier"]``;
-        ``prefill_logit_rows``, where given, is reported as ``stats.extra["prefill_logit_rows"]``."""
-        return {}
-
-    # -- speed protocol --------------------------------------------------------------------------
     def timing_key(self) -> dict:
-        """What the time of this verifier's passes depends on besides the model, the machine and the thread
-        count: its latency curve is stored under it. Default: the class, name, version and every option."""
+        """Speed protocol: what this verifier's pass time depends on besides the model, the machine and the
+        thread count; its latency curve is stored under it. Default: the class, name, version and options."""
         cls = type(self)
         return {"class": f"{cls.__module__}.{cls.__qualname__}", "name": self.name, "version": self.version,
                 "options": self.options.model_dump(mode="json")}
@@ -746,21 +638,18 @@ class Verifier(ABC):
         return False
 
     def time_pass(self, tree: DraftTree, form: str | None = None) -> float:
-        """Seconds of one pass of ``tree`` (its root a committed token's successor) over the cache of the
-        last :meth:`prefill`, in ``form`` (None: the default). The default times :meth:`verify`, which
-        commits the walk's tokens: the cache grows by a token or so per pass, which the calibration allows."""
+        """Seconds of one pass of ``tree`` (its root a committed token's successor) over the cache of the last
+        :meth:`prefill`, in ``form`` (None: the default). The default times :meth:`verify`, which commits the
+        walk's tokens: the cache grows by a token or so per pass, which the calibration allows."""
         t0 = time.perf_counter()
         self.verify(tree)
         return time.perf_counter() - t0
 
     def forms_kept(self, forms: frozenset[str]) -> None:
-        """After a calibration: the forms it found fastest at some size; a verifier may release what the
-        others hold (packed weights, buffers)."""
+        """After a calibration: the forms it found fastest at some size; the verifier may free what the others
+        hold (packed weights, buffers)."""
 
 
 def text_config(config):
     """The text decoder's part of a model config (a multimodal config holds it inside), or the config itself."""
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-
-
-Factory = Callable[..., object]

@@ -1,20 +1,11 @@
 """The plugin manager and the component registry.
 
-Built-in components are plugins too: the modules in ``DEFAULT_PLUGINS`` register through the same
-hooks as third-party distributions, which are discovered through the entry-point group ``goose``.
-
-Environment:
-    GOOSE_DISABLE_PLUGIN_AUTOLOAD=1   do not load third-party entry points
-    GOOSE_PLUGINS=name1,name2         load only these entry points (allow-list)
-
-One bad plugin never breaks the others: an installed entry point that fails to load, implements
-an unknown hook, defines a ``goose_*`` function without ``@goose.hookimpl`` (which pluggy would never
-call), or registers a malformed component (not a subclass, abstract, nameless, bad
-options, a duplicate name, or a registration hook that raises) is left out whole, with a
-:class:`PluginWarning` that says why; :func:`broken_plugins` and ``goose plugins`` list it, and
-composing one of its names says so. A plugin registered at run time with :func:`register_plugin`
-is checked at once instead: it registers whole or not at all (a ``PluginError``, and the process
-is as it was). :func:`unregister_plugin` removes a plugin and every component it registered.
+Built-in components are plugins too: the modules in ``DEFAULT_PLUGINS`` register through the same hooks as
+third-party distributions (entry-point group ``goose``; ``GOOSE_DISABLE_PLUGIN_AUTOLOAD=1`` loads none,
+``GOOSE_PLUGINS=name1,name2`` only these). An installed plugin that fails to load, implements an unknown hook,
+defines a ``goose_*`` function without ``@goose.hookimpl``, or registers a malformed component is left out
+whole, with a :class:`PluginWarning` saying why (:func:`broken_plugins`). A plugin registered at run time
+(:func:`register_plugin`) registers whole or not at all, with a ``PluginError``.
 """
 
 from __future__ import annotations
@@ -24,8 +15,8 @@ import inspect
 import os
 import threading
 import warnings
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import metadata
 
 import pluggy
@@ -41,26 +32,21 @@ ENV_DISABLE = "GOOSE_DISABLE_PLUGIN_AUTOLOAD"
 ENV_ALLOW = "GOOSE_PLUGINS"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
-    "goose.plugins.pld",
-    "goose.plugins.tr",
-    "goose.plugins.suffix",
-    "goose.policies.chain",
-    "goose.policies.isotropic",
-    "goose.policies.spine",
-    "goose.policies.fit",
+    "goose.plugins.pld", "goose.plugins.tr", "goose.plugins.suffix",
+    "goose.policies.chain", "goose.policies.isotropic", "goose.policies.spine", "goose.policies.fit",
     "goose.verifiers.transformers_tree",
 )
 
 KINDS = {"source": DraftSource, "policy": TreePolicy, "verifier": Verifier}
-_HOOKS = {
-    "source": "goose_register_sources",
-    "policy": "goose_register_policies",
-    "verifier": "goose_register_verifiers",
-}
+_HOOKS = {"source": "goose_register_sources", "policy": "goose_register_policies",
+          "verifier": "goose_register_verifiers"}
+_KIND_WORDS = {"source": "draft source", "policy": "tree policy", "verifier": "verifier"}
 
 
 @dataclass(frozen=True)
 class Entry:
+    """One registered name: its component class, who registered it, and the preset defaults of its options."""
+
     kind: str
     name: str
     cls: type
@@ -76,7 +62,7 @@ class Entry:
 
 
 class Registry:
-    """Names -> components, per kind. Built once from the hooks; read by ``compose``."""
+    """Names -> components, per kind. Built once from the hooks, never changed once published; read by ``compose``."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Entry]] = {k: {} for k in KINDS}
@@ -88,8 +74,7 @@ class Registry:
             raise PluginError(
                 f"Duplicate {_KIND_WORDS[entry.kind]} name {entry.name!r}: registered by plugin {prev.provider!r} "
                 f"({prev.origin}) and again by plugin {entry.provider!r} ({entry.origin}). "
-                "Rename one of them, or disable one plugin with GOOSE_PLUGINS=<allow-list>."
-            )
+                "Rename one of them, or disable one plugin with GOOSE_PLUGINS=<allow-list>.")
         table[entry.name] = entry
 
     def get(self, kind: str, name: str) -> Entry:
@@ -104,8 +89,6 @@ class Registry:
         return sorted(self.entries[kind])
 
 
-_KIND_WORDS = {"source": "draft source", "policy": "tree policy", "verifier": "verifier"}
-
 class PluginWarning(UserWarning):
     """An installed plugin was left out (it failed to load or registered something malformed)."""
 
@@ -114,13 +97,13 @@ _pm: pluggy.PluginManager | None = None
 _registry: Registry | None = None
 _origins: dict[str, str] = {}
 _broken: dict[str, str] = {}  # plugin name -> why it was left out
-# Building, changing and resetting the registry take this lock (two threads composing their first decoders
-# at once build it once); reading a built registry does not: a Registry is never changed once published.
+# Building, changing and resetting the registry take this lock (two threads composing their first decoders at
+# once build it once); reading a published registry does not.
 _lock = threading.RLock()
 
 
-def _known_hooks() -> str:
-    return ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("goose_")))
+_HOOK_NAMES = tuple(sorted(n for n in dir(hookspecs) if n.startswith("goose_")))
+_KNOWN_HOOKS = ", ".join(_HOOK_NAMES)
 
 
 def plugin_origins() -> dict[str, str]:
@@ -155,18 +138,15 @@ def _new_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager("goose")
     pm.add_hookspecs(hookspecs)
     for modname in DEFAULT_PLUGINS:
-        mod = importlib.import_module(modname)
-        pm.register(mod, name=modname)
+        pm.register(importlib.import_module(modname), name=modname)
         _origins[modname] = "builtin"
     if os.environ.get(ENV_DISABLE, "").strip().lower() not in ("1", "true", "yes"):
         _load_entry_points(pm)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(
-            f"Plugin {exc.plugin_name!r} implements a hook Goose does not define: {exc}. "
-            f"Known hooks: {_known_hooks()}."
-        ) from exc
+        raise PluginError(f"Plugin {exc.plugin_name!r} implements a hook Goose does not define: {exc}. "
+                          f"Known hooks: {_KNOWN_HOOKS}.") from exc
     return pm
 
 
@@ -174,21 +154,19 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
     allow = os.environ.get(ENV_ALLOW)
     allowed = None if not allow else {a.strip() for a in allow.split(",") if a.strip()}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if allowed is not None and ep.name not in allowed:
-            continue
-        if pm.get_plugin(ep.name) is not None:
+        if (allowed is not None and ep.name not in allowed) or pm.get_plugin(ep.name) is not None:
             continue
         dist = ep.dist.name if ep.dist is not None else "?"
+        where = f"entry point {ep.value!r} from distribution {dist!r}"
         try:
             plugin = ep.load()
         except Exception as exc:  # noqa: BLE001
-            _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r} failed to load: "
-                       f"{type(exc).__name__}: {exc}. Fix or uninstall it, or set {ENV_DISABLE}=1.")
+            _leave_out(ep.name, f"{where} failed to load: {type(exc).__name__}: {exc}. "
+                       f"Fix or uninstall it, or set {ENV_DISABLE}=1.")
             continue
         unmarked = _unmarked_hooks(pm, plugin)
         if unmarked:
-            _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r}: "
-                       + _unmarked_message(ep.name, unmarked))
+            _leave_out(ep.name, f"{where}: " + _unmarked_message(ep.name, unmarked))
             continue
         try:
             pm.register(plugin, name=ep.name)
@@ -196,15 +174,13 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
         except (pluggy.PluginValidationError, ValueError) as exc:
             if pm.get_plugin(ep.name) is not None:
                 pm.unregister(name=ep.name)
-            _leave_out(ep.name, f"entry point {ep.value!r} from distribution {dist!r} is malformed: {exc}. "
-                       f"Known hooks: {_known_hooks()}.")
+            _leave_out(ep.name, f"{where} is malformed: {exc}. Known hooks: {_KNOWN_HOOKS}.")
             continue
         _origins[ep.name] = f"entry point {ep.value} ({dist})"
 
 
 def _unmarked_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
-    """The plugin's ``goose_*`` callables that lack ``@goose.hookimpl``: pluggy would pass over them in silence,
-    so a hook its author meant to implement would never run."""
+    """The plugin's ``goose_*`` callables that lack ``@goose.hookimpl``: pluggy would pass over them in silence."""
     out = []
     for attr in sorted(dir(plugin)):
         if not attr.startswith("goose_"):
@@ -219,80 +195,63 @@ def _unmarked_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
 
 
 def _unmarked_message(pname: str, unmarked: list[str]) -> str:
-    known = {n for n in dir(hookspecs) if n.startswith("goose_")}
-    what = ", ".join(f"{m}()" + ("" if m in known else " (not a Goose hook either)") for m in unmarked)
+    what = ", ".join(f"{m}()" + ("" if m in _HOOK_NAMES else " (not a Goose hook either)") for m in unmarked)
     return (f"Plugin {pname!r} defines {what} without @goose.hookimpl, so pluggy would never call "
             f"{'it' if len(unmarked) == 1 else 'them'}. Hint: decorate each hook with @goose.hookimpl (known hooks: "
-            f"{_known_hooks()}), or rename a helper so that it does not start with 'goose_'.")
+            f"{_KNOWN_HOOKS}), or rename a helper so that it does not start with 'goose_'.")
 
 
 def register_plugin(plugin: object, name: str | None = None) -> None:
-    """Register a plugin object (module or instance with ``@goose.hookimpl`` functions) at run time.
-
-    Atomic: the plugin's hooks are checked and its components registered now; if any of that
-    fails, a ``PluginError`` says why and nothing of the plugin stays registered."""
-    with _lock:
-        _register_plugin(plugin, name)
-
-
-def _register_plugin(plugin: object, name: str | None) -> None:
+    """Register a plugin (a module or instance with ``@goose.hookimpl`` functions) and its components now, or
+    raise a ``PluginError`` saying why, with nothing of it registered."""
     global _registry
-    pm = get_plugin_manager()
-    before, broken_before = get_registry(), dict(_broken)
-    if name is not None and pm.get_plugin(name) is not None:
-        raise PluginError(
-            f"A plugin named {name!r} is registered already ({_origins.get(name, '?')}). "
-            f"Hint: goose.unregister_plugin({name!r}) first, or pick another name."
-        )
-    unmarked = _unmarked_hooks(pm, plugin)
-    if unmarked:
-        raise PluginError(_unmarked_message(name or pm.get_canonical_name(plugin), unmarked))
-    try:
-        pm.register(plugin, name=name)
-    except pluggy.PluginValidationError as exc:  # pluggy leaves nothing registered here
-        raise PluginError(f"Plugin {name or plugin!r} is malformed: {exc}") from exc
-    except ValueError as exc:
-        raise PluginError(f"Plugin {name or plugin!r} cannot be registered: {exc}") from exc
-    pname = pm.get_name(plugin)
-    try:
+    with _lock:
+        pm = get_plugin_manager()
+        before, broken_before = get_registry(), dict(_broken)
+        if name is not None and pm.get_plugin(name) is not None:
+            raise PluginError(f"A plugin named {name!r} is registered already ({_origins.get(name, '?')}). "
+                              f"Hint: goose.unregister_plugin({name!r}) first, or pick another name.")
+        unmarked = _unmarked_hooks(pm, plugin)
+        if unmarked:
+            raise PluginError(_unmarked_message(name or pm.get_canonical_name(plugin), unmarked))
         try:
-            pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            raise PluginError(
-                f"Plugin {pname!r} is malformed: {exc}. Known hooks: "
-                f"{_known_hooks()}."
-            ) from exc
+            pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:  # pluggy leaves nothing registered here
+            raise PluginError(f"Plugin {name or plugin!r} is malformed: {exc}") from exc
         except ValueError as exc:
-            raise PluginError(f"Plugin {pname!r} is malformed: {exc}") from exc
-        _origins[pname] = "registered at run time"
-        _registry = _build_registry(pm, strict_for=pname)
-    except BaseException:
-        if pm.get_plugin(pname) is not None:
-            pm.unregister(name=pname)
-        _origins.pop(pname, None)
-        _registry = before
-        _broken.clear()
-        _broken.update(broken_before)
-        raise
+            raise PluginError(f"Plugin {name or plugin!r} cannot be registered: {exc}") from exc
+        pname = pm.get_name(plugin)
+        try:
+            try:
+                pm.check_pending()
+            except pluggy.PluginValidationError as exc:
+                raise PluginError(f"Plugin {pname!r} is malformed: {exc}. Known hooks: {_KNOWN_HOOKS}.") from exc
+            except ValueError as exc:
+                raise PluginError(f"Plugin {pname!r} is malformed: {exc}") from exc
+            _origins[pname] = "registered at run time"
+            _registry = _build_registry(pm, strict_for=pname)
+        except BaseException:
+            if pm.get_plugin(pname) is not None:
+                pm.unregister(name=pname)
+            _origins.pop(pname, None)
+            _registry = before
+            _broken.clear()
+            _broken.update(broken_before)
+            raise
 
 
 def unregister_plugin(name: str) -> None:
-    """Remove a plugin registered at run time (or loaded from an entry point) and its components.
-
-    A name that is not registered is a ``PluginError`` naming the registered ones."""
-    with _lock:
-        _unregister_plugin(name)
-
-
-def _unregister_plugin(name: str) -> None:
-    pm = get_plugin_manager()
-    if pm.get_plugin(name) is None:
-        names = sorted(n for n, _ in pm.list_name_plugin())
-        raise PluginError(f"No plugin named {name!r} is registered. Registered: {', '.join(names)}")
-    pm.unregister(name=name)
-    _origins.pop(name, None)
+    """Remove a plugin (registered at run time or loaded from an entry point) and its components; a name that
+    is not registered is a ``PluginError`` naming the registered ones."""
     global _registry
-    _registry = None
+    with _lock:
+        pm = get_plugin_manager()
+        if pm.get_plugin(name) is None:
+            names = sorted(n for n, _ in pm.list_name_plugin())
+            raise PluginError(f"No plugin named {name!r} is registered. Registered: {', '.join(names)}")
+        pm.unregister(name=name)
+        _origins.pop(name, None)
+        _registry = None
 
 
 def get_registry() -> Registry:
@@ -308,22 +267,20 @@ def get_registry() -> Registry:
 
 
 def _build_registry(pm: pluggy.PluginManager, strict_for: str | None = None) -> Registry:
-    """Every plugin's components; a plugin whose registration fails is left out whole (a warning),
-    except ``strict_for``, whose failure raises (register_plugin)."""
+    """Every plugin's components; a plugin whose registration fails is left out whole (a warning), except
+    ``strict_for``, whose failure raises (register_plugin)."""
     reg = Registry()
     staged: dict[str, list[Entry]] = {}  # plugin -> its entries, in the order the plugins registered
     failed: dict[str, str] = {}
     for kind, hookname in _HOOKS.items():
-        caller = getattr(pm.hook, hookname)
-        # Call each implementation on its own, so every entry records which plugin provided it.
-        for impl in caller.get_hookimpls():  # trylast (built-ins) first
+        # each implementation is called on its own, so that every entry records which plugin provided it
+        for impl in getattr(pm.hook, hookname).get_hookimpls():  # trylast (built-ins) first
             provider = impl.plugin_name
             if provider in failed:
                 continue
             origin = _origins.get(provider, "registered at run time")
-            register = _make_register(staged.setdefault(provider, []), kind, provider, origin)
             try:
-                impl.function(register=register)
+                impl.function(register=_make_register(staged.setdefault(provider, []), kind, provider, origin))
             except PluginError as exc:
                 failed[provider] = str(exc)
             except Exception as exc:  # noqa: BLE001
@@ -354,52 +311,40 @@ def _check_roles(cls, provider: str) -> None:
     """A draft source drafts through ``propose`` (a chain source), ``successors`` (a successor source), or both."""
     chain = cls.propose is not DraftSource.propose
     succ = cls.successors is not DraftSource.successors
+    said = f"Plugin {provider!r} registered draft source {cls.__name__}"
     if succ and not cls.provides_successors:
-        raise PluginError(
-            f"Plugin {provider!r} registered draft source {cls.__name__}, which implements successors() but "
-            "says provides_successors = False, so no policy would ask it. Hint: set provides_successors = True."
-        )
+        raise PluginError(f"{said}, which implements successors() but says provides_successors = False, so no "
+                          "policy would ask it. Hint: set provides_successors = True.")
     if cls.provides_successors and not succ:
-        raise PluginError(
-            f"Plugin {provider!r} registered draft source {cls.__name__} with provides_successors = True "
-            "without implementing: successors. Hint: implement successors(token, prev), or set it False."
-        )
+        raise PluginError(f"{said} with provides_successors = True without implementing: successors. "
+                          "Hint: implement successors(token, prev), or set it False.")
     if not chain and not succ:
-        raise PluginError(
-            f"Plugin {provider!r} registered draft source {cls.__name__} without implementing: propose (a chain "
-            "source) or successors with provides_successors = True (a successor source)."
-        )
+        raise PluginError(f"{said} without implementing: propose (a chain source) or successors with "
+                          "provides_successors = True (a successor source).")
 
 
 def _make_register(reg: list, kind: str, provider: str, origin: str):
+    """The ``register`` a registration hook is called with: it checks each component and stages its entries."""
     base = KINDS[kind]
 
     def register(cls, name=None, aliases=(), defaults=None, description=None, deprecated=()) -> None:
         if not (inspect.isclass(cls) and issubclass(cls, base)):
             raise PluginError(
-                f"Plugin {provider!r} registered {cls!r} as a {_KIND_WORDS[kind]}, but it is not a "
-                f"subclass of goose.{base.__name__}. Subclass goose.{base.__name__} and implement "
-                f"its abstract methods."
-            )
+                f"Plugin {provider!r} registered {cls!r} as a {_KIND_WORDS[kind]}, but it is not a subclass of "
+                f"goose.{base.__name__}. Subclass goose.{base.__name__} and implement its abstract methods.")
         if inspect.isabstract(cls):
             missing = ", ".join(sorted(cls.__abstractmethods__))
-            raise PluginError(
-                f"Plugin {provider!r} registered {_KIND_WORDS[kind]} {cls.__name__} without "
-                f"implementing: {missing}."
-            )
+            raise PluginError(f"Plugin {provider!r} registered {_KIND_WORDS[kind]} {cls.__name__} without "
+                              f"implementing: {missing}.")
         if kind == "source":
             _check_roles(cls, provider)
         nm = name or cls.name
         if not nm or not isinstance(nm, str):
-            raise PluginError(
-                f"Plugin {provider!r} registered {cls.__name__} with no name: set the class "
-                "attribute `name` or pass name=... to register()."
-            )
+            raise PluginError(f"Plugin {provider!r} registered {cls.__name__} with no name: set the class "
+                              "attribute `name` or pass name=... to register().")
         if not (inspect.isclass(cls.Options) and issubclass(cls.Options, Options)):
-            raise PluginError(
-                f"Plugin {provider!r}: {cls.__name__}.Options must subclass goose.Options "
-                f"(a pydantic model with extra='forbid'), got {cls.Options!r}."
-            )
+            raise PluginError(f"Plugin {provider!r}: {cls.__name__}.Options must subclass goose.Options "
+                              f"(a pydantic model with extra='forbid'), got {cls.Options!r}.")
         defaults = dict(defaults or {})
         try:
             cls.Options(**defaults)
@@ -427,13 +372,11 @@ def reset() -> None:
 
 # -- building components by name ------------------------------------------------------------------
 def component_options(entry: Entry, overrides: Mapping | None):
-    """Validate ``overrides`` against a registry entry's Options (defaults applied); clear errors: an
-    :class:`InvalidInputError` naming the component, the option, the value and what is allowed, or, where the
-    component's own Options code raised something else, the role's :class:`ComponentError` (hook ``Options``)."""
+    """``overrides`` validated against a registry entry's Options (defaults applied), or an
+    :class:`InvalidInputError` saying what is allowed (the role's ComponentError where the Options code raised)."""
     if overrides is not None and not isinstance(overrides, Mapping):
         raise InvalidInputError(
-            f"options for {entry.kind} {entry.name!r} must be a dict, got {type(overrides).__name__}"
-        )
+            f"options for {entry.kind} {entry.name!r} must be a dict, got {type(overrides).__name__}")
     try:
         return entry.options(dict(overrides or {}))
     except ValidationError as exc:
@@ -443,10 +386,8 @@ def component_options(entry: Entry, overrides: Mapping | None):
             + ("" if e["type"] == "value_error" and "got " in e["msg"] else f" (got {e.get('input')!r})")
             for e in exc.errors()
         )
-        raise InvalidInputError(
-            f"Invalid options for {entry.kind} {entry.name!r}: {problems}. "
-            f"Allowed options: {', '.join(fields) or '(none)'}."
-        ) from exc
+        raise InvalidInputError(f"Invalid options for {entry.kind} {entry.name!r}: {problems}. "
+                                f"Allowed options: {', '.join(fields) or '(none)'}.") from exc
     except GooseError:
         raise
     except Exception as exc:  # noqa: BLE001 - a validator of the plugin's own raised: named with the component
@@ -462,11 +403,9 @@ def _component_error(entry: Entry, hook: str, exc: BaseException, options) -> Co
 
 
 def _construct(entry: Entry, options, overrides):
-    """``entry.cls(options)``: a :class:`GooseError` it raises goes through; any other exception comes back as
-    the role's :class:`ComponentError` naming the component and ``__init__``, the exception chained."""
+    """``entry.cls(options)``, named by its registered name: a :class:`GooseError` it raises goes through; any
+    other exception comes back as the role's :class:`ComponentError` naming the component and ``__init__``."""
     if entry.deprecated:
-        import warnings
-
         warnings.warn(f"{_KIND_WORDS[entry.kind]} name {entry.name!r} is deprecated: it is {entry.alias_of!r} now. "
                       f"Hint: {entry.kind}={entry.alias_of!r}", DeprecationWarning, stacklevel=4)
     try:
@@ -480,10 +419,8 @@ def _construct(entry: Entry, options, overrides):
 
 
 def build_inner(name: str, options: Mapping | None, inherit: Mapping | None = None, outer: str = "") -> TreePolicy:
-    """An inner policy by registry name, for wrapping policies (bypass, fit): options validated.
-
-    ``inherit``: options set on the wrapping policy (e.g. ``spine_source``) that reach the inner
-    one where it has that option; the same option set differently in ``options`` is an error."""
+    """An inner policy by registry name, for wrapping policies (bypass, fit). ``inherit``: the wrapping policy's
+    options that reach the inner one where it has them; one set differently in ``options`` is an error."""
     entry = get_registry().get("policy", name)
     options = dict(options or {})
     for key, value in (inherit or {}).items():
@@ -492,14 +429,13 @@ def build_inner(name: str, options: Mapping | None, inherit: Mapping | None = No
         if key in options and options[key] != value:
             raise InvalidInputError(
                 f"policy {outer or 'wrapper'!r}: {key}={value!r} and inner_options {key}={options[key]!r} disagree. "
-                f"Hint: set {key} once, on the outer policy; it reaches the policies it wraps."
-            )
+                f"Hint: set {key} once, on the outer policy; it reaches the policies it wraps.")
         options[key] = value
     return _construct(entry, component_options(entry, options), options)
 
 
 def build_component(kind: str, spec, base: type, extra_options: Mapping | None):
-    """Turn a name, a (name, options) pair or a ready instance into a component instance."""
+    """A component instance from a name, a (name, options) pair or a ready instance (returned as it is)."""
     if isinstance(spec, base):
         if extra_options:
             raise InvalidInputError(f"options given for a ready-made {kind} instance {spec!r}; set them on it")
@@ -510,19 +446,14 @@ def build_component(kind: str, spec, base: type, extra_options: Mapping | None):
         if opts is not None and not isinstance(opts, Mapping):
             raise InvalidInputError(
                 f"options for {kind} {spec!r} must be a dict of option names to values, got {type(opts).__name__} "
-                f"{opts!r}. Hint: ({spec!r}, {{'option': value}}); `goose plugins` lists each component's options"
-            )
+                f"{opts!r}. Hint: ({spec!r}, {{'option': value}}); `goose plugins` lists each component's options")
     if extra_options is not None and not isinstance(extra_options, Mapping):
         name = spec if isinstance(spec, str) else getattr(spec, "name", spec)
-        raise InvalidInputError(
-            f"options for {kind} {name!r} must be a dict of option names to values, got "
-            f"{type(extra_options).__name__} {extra_options!r}. Hint: {{'option': value}}"
-        )
+        raise InvalidInputError(f"options for {kind} {name!r} must be a dict of option names to values, got "
+                                f"{type(extra_options).__name__} {extra_options!r}. Hint: {{'option': value}}")
     if not isinstance(spec, str):
-        raise InvalidInputError(
-            f"a {kind} is given by name (str), (name, options) or a goose.{base.__name__} instance; "
-            f"got {spec!r}"
-        )
+        raise InvalidInputError(f"a {kind} is given by name (str), (name, options) or a goose.{base.__name__} "
+                                f"instance; got {spec!r}")
     entry = get_registry().get(kind, spec)
     merged = {**(opts or {}), **(extra_options or {})}
     return _construct(entry, component_options(entry, merged), merged)

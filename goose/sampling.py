@@ -1,31 +1,21 @@
 """Choosing the committed tokens as transformers' decoding loop does: processors, then argmax or a draw.
 
-A :class:`TokenRule` is made per request when ``generate`` is asked to sample or to apply logits
-processors (``repetition_penalty``, ``min_new_tokens``, a user's ``LogitsProcessorList``); without
-one the verifier keeps its plain argmax walk. The rule turns one row of raw logits into the next
-token exactly as ``GenerationMixin._sample`` does for one generated token:
+A :class:`TokenRule`, made per request that samples or applies logits processors (without one the verifier
+walks by plain argmax), turns one row of raw logits into the next token as ``GenerationMixin._sample`` does:
+``scores = logits_processor(input_ids, float32 logits)``, then ``multinomial(softmax(scores), 1)`` (or
+``argmax(scores)``). On the CPU the draw is ``argmax(probs / q)`` with ``q`` the token's exponential fill,
+as ``multinomial`` makes it, possibly drawn before the forward so that drafting can read it (:class:`NoiseTape`).
 
-    scores = logits_processor(input_ids, float32 logits)     # input_ids: prompt + tokens before it
-    token  = multinomial(softmax(scores), 1)                  # do_sample; argmax(scores) otherwise
-
-(on the CPU the draw is made as ``multinomial`` makes it, ``argmax(probs / q)`` with ``q`` that
-token's exponential fill, drawn from the same generator in the same order, possibly before the
-forward so that drafting can read it: :class:`NoiseTape`, :class:`NoiseView`).
-
-The tree walk (:func:`rule_walk`) applies it at the visited nodes only: at node u it draws the
-target's token x given the prefix ending at u; if a child of u carries x the walk moves there,
-otherwise x is the bonus token and the step ends. So every committed token is one draw, in
-order, from exactly the distribution autoregressive sampling uses (the output distribution is the
-model's, whatever the drafts), and with the same generator state the draws are transformers' own:
-under ``torch.manual_seed(s)`` the output equals ``model.generate(do_sample=True, ...)`` token
-for token wherever the tree pass's logits equal the one-token pass's (always on the exact toy
-model; in float32 on real models up to rounding, measured in the tests). The walk stops drawing
-as soon as a drawn token ends the generation (a stop token, ``max_new_tokens``, a stopping
-criterion), as transformers stops, so no draw is spent that transformers would not spend.
+The tree walk (:func:`rule_walk`) draws at the visited nodes only: at node u it draws the target's token given
+the prefix ending at u and moves to the child carrying it, or ends the step with it as the bonus. So every
+committed token is one draw, in order, from the autoregressive distribution, and under ``torch.manual_seed(s)``
+the output equals ``model.generate(do_sample=True, ...)`` wherever the tree pass's logits equal the one-token
+pass's. The walk stops drawing when a drawn token ends the generation, as transformers does.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,44 +42,32 @@ class Sampling:
         def bad(name, value, allowed, hint):
             raise InvalidInputError(f"{name}={value!r} is not allowed: {allowed}. Hint: {hint}")
 
-        t = self.temperature
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0):
+        def num(x, kind=(int, float)) -> bool:
+            return isinstance(x, kind) and not isinstance(x, bool)
+
+        t, k, p, m, r, n = (self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
+                            self.min_new_tokens)
+        if t is not None and (not num(t) or t < 0):
             bad("temperature", t, "a number >= 0", "temperature=0.7, or do_sample=False for greedy")
         if self.do_sample and t is not None and t == 0:
             bad("temperature", t, "> 0 when do_sample=True (0 is greedy decoding)", "do_sample=False, or temperature=0.7")
-        k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        if k is not None and (not num(k, int) or k < 0):
             bad("top_k", k, "an int >= 0 (0: off)", "top_k=50")
-        p = self.top_p
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0):
+        if p is not None and (not num(p) or not 0.0 < p <= 1.0):
             bad("top_p", p, "a number in (0, 1]", "top_p=0.9")
-        m = self.min_p
-        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0):
+        if m is not None and (not num(m) or not 0.0 <= m <= 1.0):
             bad("min_p", m, "a number in [0, 1]", "min_p=0.05")
-        r = self.repetition_penalty
-        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0):
+        if r is not None and (not num(r) or r <= 0):
             bad("repetition_penalty", r, "a number > 0 (1: off)", "repetition_penalty=1.1")
-        n = self.min_new_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if not num(n, int) or n < 0:
             bad("min_new_tokens", n, "an int >= 0", "min_new_tokens=8")
-
-    @property
-    def plain_greedy(self) -> bool:
-        """Nothing to apply: the verifier's argmax walk is exactly this."""
-        return not self.do_sample and self.repetition_penalty in (None, 1.0) and self.min_new_tokens == 0
 
 
 def build_processors(s: Sampling, prompt_len: int, eos_ids: Sequence[int]):
     """The processors transformers' ``generate`` would build for these parameters, in its order."""
-    from transformers import (
-        LogitsProcessorList,
-        MinNewTokensLengthLogitsProcessor,
-        MinPLogitsWarper,
-        RepetitionPenaltyLogitsProcessor,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
+    from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor, MinPLogitsWarper,
+                              RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                              TopPLogitsWarper)
 
     procs = LogitsProcessorList()
     if s.repetition_penalty is not None and s.repetition_penalty != 1.0:
@@ -109,19 +87,10 @@ def build_processors(s: Sampling, prompt_len: int, eos_ids: Sequence[int]):
 
 
 class FastTopP:
-    """transformers' ``TopPLogitsWarper`` for one CPU row, bit for bit, without its index sort.
-
-    The stock warper sorts the whole vocabulary with indices (``torch.sort``, most of a sampled token's
-    processing). Its result depends only
-    on the sorted *values*: the cumulative probabilities ``softmax(sorted).cumsum()`` are
-    non-decreasing, so the removed entries are a prefix of the sorted order, and when the first
-    kept value ``v`` differs from the last removed one that prefix is exactly ``scores < v``. This
-    class sorts the values with numpy (far faster), computes the same softmax and cumsum on the same
-    sorted tensor, and masks ``scores < v``. Where that identity could fail it calls the stock
-    warper instead: a tie across the cut, NaN, a batch, a non-CPU tensor, a filter value other than
-    -inf, or fewer finite scores than ``min_tokens_to_keep``. ``tests/test_sampling.py`` checks
-    equality with the stock warper on rows built to hit each of these cases.
-    """
+    """transformers' ``TopPLogitsWarper`` for one CPU row, bit for bit, without its index sort: the removed
+    entries are a prefix of the sorted values, exactly ``scores < v`` when the first kept value ``v`` differs
+    from the last removed one. Where that could fail (a tie across the cut, NaN, a batch, a non-CPU or
+    non-float32 tensor, a filter value other than -inf, too few finite scores) the stock warper runs."""
 
     def __init__(self, stock):
         self.stock = stock
@@ -130,13 +99,8 @@ class FastTopP:
         self.fallbacks = 0
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if (
-            scores.dim() != 2
-            or scores.shape[0] != 1
-            or scores.device.type != "cpu"
-            or scores.dtype != torch.float32
-            or self.stock.filter_value != -float("inf")
-        ):
+        if (scores.dim() != 2 or scores.shape[0] != 1 or scores.device.type != "cpu" or scores.dtype != torch.float32
+                or self.stock.filter_value != -float("inf")):
             return self.stock(input_ids, scores)
         sv = _sorted_values(scores.detach().numpy()[0])  # ascending; NaN last
         n = sv.shape[0]
@@ -175,8 +139,6 @@ def fast_processors(procs):
 
 def _two_args(processor) -> bool:
     """Whether ``LogitsProcessorList`` would call ``processor(input_ids, scores)`` with nothing more."""
-    import inspect
-
     try:
         return len(inspect.signature(processor.__call__).parameters) <= 2
     except (TypeError, ValueError):
@@ -184,13 +146,9 @@ def _two_args(processor) -> bool:
 
 
 def _probe_gumbel() -> bool:
-    """Whether ``torch.multinomial(p, 1)`` is ``argmax(p / q)`` with ``q = empty_like(p).exponential_()`` here.
-
-    That is how torch draws one sample on the CPU (its Gumbel-max fast path: it checks ``p``, fills
-    ``q`` from the generator, divides, takes the argmax). :class:`NoiseTape` draws ``q`` ahead of
-    time on that premise, so it is checked once per process, on a private generator, token and
-    generator state both; where it fails (another torch), the rule draws with ``multinomial``.
-    """
+    """Whether ``torch.multinomial(p, 1)`` is ``argmax(p / q)`` with ``q = empty_like(p).exponential_()`` here
+    (torch's CPU fast path), token and generator state both, on private generators. :class:`NoiseTape` draws
+    ``q`` ahead on that premise; where it fails (another torch), the rule draws with ``multinomial``."""
     g1, g2 = torch.Generator().manual_seed(20261201), torch.Generator().manual_seed(20261201)
     probe = torch.Generator().manual_seed(7)
     for n in (5, 4099, 49152):
@@ -208,14 +166,11 @@ def _probe_gumbel() -> bool:
 
 
 _GUMBEL: list[bool] = []
-
-
 _PROBE_LOCK = threading.Lock()
 
 
 def _memo(store: list[bool], probe: Callable[[], bool]) -> bool:
-    """``probe()`` once per process, kept in ``store`` (tests set ``store[:] = [False]`` to turn a path off);
-    a thread that finds it running waits for its answer."""
+    """``probe()`` once per process, kept in ``store`` (tests set ``store[:] = [False]`` to turn a path off)."""
     if not store:
         with _PROBE_LOCK:
             if not store:
@@ -224,12 +179,12 @@ def _memo(store: list[bool], probe: Callable[[], bool]) -> bool:
 
 
 def gumbel_draws_match() -> bool:
+    """:func:`_probe_gumbel`, once per process."""
     return _memo(_GUMBEL, _probe_gumbel)
 
 
 _MASK53 = np.uint64((1 << 53) - 1)
 _TWO_M53 = 2.0**-53
-_STATE_BYTES = 5056  # torch's CPU generator state: the legacy struct around mt19937's 624 words
 
 
 def _numpy_mt(state: torch.Tensor):
@@ -257,15 +212,10 @@ def _torch_state(bg, like: torch.Tensor) -> torch.Tensor:
 
 
 class _Fill:
-    """One token's exponential fill, kept as the generator's raw words until values are read.
-
-    torch's ``exponential_`` on a CPU float tensor draws, per element in order, one 64-bit word
-    (two mt19937 outputs, high then low), takes its low 53 bits as ``u`` in [0, 1) and stores
-    ``float32(-log1p(-u))``. numpy's ``MT19937`` is the same engine and draws the words 3-4 times
-    faster; the values are computed only where a draw or a draft reads them (the few tokens a
-    top-k / top-p filter leaves), with the same double-precision ``log1p``, so they are the same to
-    the bit (:func:`_probe_raw_fills` checks it once per process).
-    """
+    """One token's exponential fill, kept as the generator's raw words until values are read. torch's
+    ``exponential_`` draws per element one 64-bit word (two mt19937 outputs, high then low), takes its low 53
+    bits as ``u`` and stores ``float32(-log1p(-u))``; numpy's ``MT19937`` (the same engine) draws the words
+    faster, and values are computed only where read, to the bit (:func:`_probe_raw_fills`)."""
 
     __slots__ = ("raw", "q")
 
@@ -329,23 +279,17 @@ _RAW_FILLS: list[bool] = []
 
 
 def raw_fills_match() -> bool:
+    """:func:`_probe_raw_fills`, once per process."""
     return _memo(_RAW_FILLS, _probe_raw_fills)
 
 
 class NoiseTape:
     """The exponential noise of each generated token's draw, drawn ahead from the request's generator.
 
-    ``torch.multinomial(probs, 1)`` on the CPU is ``argmax(probs / q)`` where ``q`` is a fresh
-    ``exponential_()`` fill of a tensor shaped like ``probs``: the draw's randomness does not depend
-    on ``probs``. So the noise of token j (``q_j``, one ``[1, vocab]`` fill per token, in order,
-    from the same generator) can be drawn before the forward that gives that token's distribution,
-    and the token is the same. Drafting may then read the noise (:class:`NoiseView`): knowing
-    ``q_j``, a draft source's estimate of the distribution predicts which token the draw will pick.
-
-    Each ``q_j`` is drawn once. The generator state before each fill is kept, and :meth:`finish`
-    puts the generator back where it stands after exactly the fills the committed tokens used, so
-    the generator ends as transformers' loop leaves it.
-    """
+    A CPU draw is ``argmax(probs / q)`` with ``q`` an ``exponential_()`` fill independent of ``probs``, so token
+    j's fill (``[1, vocab]``, in order) can be drawn before the forward that gives its distribution, and
+    drafting may read it (:class:`NoiseView`). Each fill is drawn once; the generator state before each is
+    kept, so that :meth:`finish` leaves the generator as transformers' loop would."""
 
     def __init__(self, generator: torch.Generator | None, vocab: int):
         self.gen = generator if generator is not None else torch.default_generator
@@ -355,8 +299,7 @@ class NoiseTape:
         self.states: list[torch.Tensor] = []  # states[i]: generator state before fills[i]
         self.used = 0  # tokens whose draw has been made (their fills are spent)
         self.last: torch.Tensor | None = None
-        # the words through numpy's engine where that is torch's fill to the bit (else torch's exponential_)
-        self.raw = self.gen.device.type == "cpu" and raw_fills_match()
+        self.raw = self.gen.device.type == "cpu" and raw_fills_match()  # fills from numpy's engine (see _Fill)
 
     def _fill(self, j: int) -> _Fill:
         """The fill of generated token j (0-based), drawing every fill up to it first."""
@@ -383,11 +326,8 @@ class NoiseTape:
         return self._fill(j).at(ids)
 
     def draw(self, j: int, probs: torch.Tensor) -> int:
-        """Token j's draw from ``probs`` ([1, vocab], checked as multinomial checks it): ``argmax(probs / q)``.
-
-        Over the tokens with nonzero probability only (elsewhere ``probs / q`` is 0, below every
-        ratio on the support), unless some element of q is exactly 0, where the full division
-        decides as torch's would."""
+        """Token j's draw from ``probs`` ([1, vocab], checked as multinomial checks it): ``argmax(probs / q)``,
+        taken over the nonzero probabilities only (elsewhere the ratio is 0), unless some q is exactly 0."""
         f = self._fill(j)
         if f.q is None and not f.has_zero():
             p = probs.numpy()[0]
@@ -397,6 +337,7 @@ class NoiseTape:
         return int(torch.argmax(probs / f.tensor()))
 
     def spend(self, j: int) -> None:
+        """Token j's draw is made: its fill and those before it are spent."""
         self.used = max(self.used, j + 1)
 
     def release(self, upto: int) -> None:
@@ -407,13 +348,9 @@ class NoiseTape:
             self.base += drop
 
     def finish(self) -> None:
-        """Rewind the generator to just after the fills that were spent (drawn-ahead ones are undone).
-
-        Only when nothing else drew from it since the tape's last fill: another thread sharing
-        torch's global generator (or a streamer drawing from it) keeps its draws, and no fill is
-        handed out twice. (Concurrent calls on one global generator are not seed-reproducible, as
-        with transformers; give each its own ``seed=`` or ``generator=``.)
-        """
+        """Rewind the generator to just after the spent fills (drawn-ahead ones are undone), but only when
+        nothing else drew from it since the tape's last fill, so that another user of a shared generator keeps
+        its draws and no fill is handed out twice (such sharing is not seed-reproducible, as in transformers)."""
         i = self.used - self.base
         if 0 <= i < len(self.states) and self.last is not None and torch.equal(self.gen.get_state(), self.last):
             self.gen.set_state(self.states[i])
@@ -423,17 +360,9 @@ class NoiseTape:
 
 
 class NoiseView:
-    """One step's view of the noise tape for drafting: which successor the draw at a depth will pick.
-
-    A source's successor scores estimate the target's next-token distribution (token recycling:
-    the softmax over the top-K logits the target gave after the same token earlier). Under
-    temperature ``T`` the sampling distribution is proportional to ``score ** (1 / T)``, and the
-    draw at depth d picks ``argmax p / q`` with ``q`` the fill of that token (:class:`NoiseTape`).
-    :meth:`rank` orders the successors by ``score ** (1 / T) / q`` and scores them by those keys
-    normalised over the candidates: where the estimate is near the target's distribution, the
-    first successor is the token the draw will pick, not merely the likeliest one. Only the order
-    of drafts changes, never how they are verified: the walk draws every token as before.
-    """
+    """One step's view of the noise tape: which successor the draw at a depth will pick. Successor scores
+    estimate the target's distribution, so under temperature ``T`` the draw picks ``argmax score ** (1 / T) / q``;
+    :meth:`rank` orders by that key. Only the order of drafts changes, never how they are verified."""
 
     __slots__ = ("tape", "base", "inv_t", "max_depth")
 
@@ -444,6 +373,7 @@ class NoiseView:
         self.max_depth = max_depth  # deepest depth whose noise is read (each new fill costs a vocabulary of draws)
 
     def rank(self, ids: Sequence[int], scores: Sequence[float], depth: int):
+        """``(ids, scores)`` reordered by the draw at ``depth`` (as given where its noise is not read)."""
         if not 1 <= depth <= self.max_depth or len(ids) < 2:
             return ids, scores
         q = self.tape.noise_at(self.base + depth - 1, list(ids)).tolist()
@@ -459,22 +389,13 @@ class NoiseView:
 class TokenRule:
     """One request's token choice: the committed sequence, processors, draw, and when to stop."""
 
-    def __init__(
-        self,
-        prompt_ids: Sequence[int],
-        max_new_tokens: int,
-        capacity: int,
-        processors=None,
-        do_sample: bool = False,
-        generator: torch.Generator | None = None,
-        stop_ids: frozenset[int] = frozenset(),
-        stopping_criteria=None,
-        record: bool = False,
-        temperature: float | None = None,
-    ):
+    def __init__(self, prompt_ids: Sequence[int], max_new_tokens: int, capacity: int, processors=None,
+                 do_sample: bool = False, generator: torch.Generator | None = None,
+                 stop_ids: frozenset[int] = frozenset(), stopping_criteria=None, record: bool = False,
+                 temperature: float | None = None):
         self.processors = fast_processors(processors) if processors is not None and len(processors) else None
-        # LogitsProcessorList.__call__ reads each processor's signature on every call (inspect, per token);
-        # processors that take (input_ids, scores) only are called in the same order directly (None: via the list)
+        # LogitsProcessorList.__call__ inspects each processor's signature per call; processors that take
+        # (input_ids, scores) only are called directly, in the same order (None: through the list)
         procs = self.processors or ()
         self._chain = tuple(procs) if all(_two_args(p) for p in procs) else None
         self.do_sample = do_sample
@@ -497,14 +418,11 @@ class TokenRule:
         self.temperature = temperature
         self._tape_ok = do_sample and (generator is None or generator.device.type == "cpu")
 
-    # -- one token ------------------------------------------------------------------------------
     def choose(self, row: torch.Tensor, before: Sequence[int]) -> int:
         """The token after the committed sequence + ``before`` (this step's tokens so far), from its raw row."""
-        k = len(before)
         if self.buf.device != row.device:  # processors take input_ids on the logits' device
             self.buf = self.buf.to(row.device)
-        if k:
-            self.buf[0, self.n : self.n + k] = torch.as_tensor(list(before), dtype=torch.long)
+        k = self._put(before)
         logits = row.to(dtype=torch.float32).view(1, -1).clone()
         ids, scores = self.buf[:, : self.n + k], logits
         if self._chain is None:
@@ -539,13 +457,8 @@ class TokenRule:
     def noise_tape(self, probs: torch.Tensor | None = None) -> NoiseTape | None:
         """The request's noise tape, made at its first draw; None where draws go through ``multinomial``."""
         if self.tape is None and self._tape_ok and probs is not None:
-            if (
-                probs.device.type == "cpu"
-                and probs.dtype == torch.float32
-                and probs.dim() == 2
-                and probs.shape[0] == 1
-                and gumbel_draws_match()
-            ):
+            if (probs.device.type == "cpu" and probs.dtype == torch.float32 and probs.dim() == 2
+                    and probs.shape[0] == 1 and gumbel_draws_match()):
                 self.tape = NoiseTape(self.generator, int(probs.shape[1]))
             else:
                 self._tape_ok = False
@@ -570,32 +483,33 @@ class TokenRule:
             self.stopped = "max_new_tokens"
             return True
         if self.criteria is not None:
-            k = len(step_tokens)
-            self.buf[0, self.n : self.n + k] = torch.as_tensor(list(step_tokens), dtype=torch.long)
-            # transformers hands the criteria its scores only when asked to keep them; none do need them
+            k = self._put(step_tokens)
+            # transformers hands the criteria its scores only when asked to keep them; none need them
             if bool(self.criteria(self.buf[:, : self.n + k], None).any()):
                 self.stopped = "criteria"
                 return True
         return False
 
-    def commit(self, tokens: Sequence[int]) -> None:
+    def _put(self, tokens: Sequence[int]) -> int:
+        """Write ``tokens`` after the committed sequence, uncommitted; their count."""
         k = len(tokens)
         if k:
             self.buf[0, self.n : self.n + k] = torch.as_tensor(list(tokens), dtype=torch.long)
+        return k
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Append this step's committed ``tokens``; their fills are released."""
+        k = self._put(tokens)
         self.n += k
         self.generated += k
         if self.tape is not None:
             self.tape.release(self.generated)
 
 
-def rule_walk(
-    tree, logits: torch.Tensor, rule: TokenRule, choose: Callable | None = None
-) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
-    """Walk ``tree`` choosing each token with ``rule``: (path, accepted tokens, bonus or None).
-
-    The bonus is None when the walk ended on an accepted node (a drafted token that ends the
-    generation: a stop token, the last wanted token, a stopping criterion).
-    """
+def rule_walk(tree, logits: torch.Tensor, rule: TokenRule,
+              choose: Callable | None = None) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
+    """Walk ``tree`` choosing each token with ``rule``: (path, accepted tokens, bonus). The bonus is None when
+    the walk ended on an accepted node (a drafted token that ends the generation)."""
     return walk_from(tree, logits, rule, choose or rule.choose, [0], [])
 
 

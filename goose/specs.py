@@ -1,15 +1,10 @@
 """Method specs: ``SRC+SRC/POLICY{opt=...}`` strings -> :func:`goose.compose` keywords.
 
-A method is a preset name (:data:`PRESETS`) or a spec: draft sources joined by ``+``, then ``/``
-and a tree policy, and optionally ``/`` and a verifier, each with options in braces, e.g.
-``pld{max_chain=16}+tr{k=4}/spine-fit`` or ``pld+tr/spine-fit/transformers{linear=stock,gqa=false}``;
-an option value is JSON where it is a dict or a list (``spine-fit{source_priors={"pld":[[1.0,0.6,0.9]]}}``),
-else an int, a float, true/false, none, or the string. :func:`preset` turns either into the keyword
-arguments of :func:`goose.compose`; :func:`check_method` refuses an unknown component or option, or
-one that cannot be built, before any model is loaded; :func:`split_methods` splits a comma-separated list of them.
-
-``goose bench`` and ``goose generate`` read methods this way, and :func:`goose.vllm.build_sources`
-reads its sources (``pld+suffix``) this way.
+A method is a preset name (:data:`PRESETS`) or a spec: draft sources joined by ``+``, then ``/`` and a tree
+policy, optionally ``/`` and a verifier, each with options in braces (``pld{max_chain=16}+tr{k=4}/spine-fit``,
+``pld+tr/spine-fit/transformers{linear=stock,gqa=false}``). An option value is JSON where it is a dict or a
+list (``spine-fit{source_priors={"pld":[[1.0,0.6,0.9]]}}``), else an int, a float, true/false, none, or the
+string. Read by ``goose bench``, ``goose generate`` and :func:`goose.vllm.build_sources`.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import json
 
 from goose.errors import InvalidInputError, did_you_mean
 
-# name -> compose() keyword arguments (sources, policy, source options)
+# name -> compose() keyword arguments
 PRESETS: dict[str, dict] = {
     "greedy": {"sources": [], "policy": "none"},
     "pld": {"sources": ["pld"], "policy": "chain"},
@@ -62,8 +57,7 @@ def _value(text: str, key: str = "", name: str = "", method: str = ""):
         except ValueError as exc:
             raise InvalidInputError(
                 f"method {method!r}: option {key!r} of {name!r} is not valid JSON ({exc.args[0]}): {text.strip()!r}. "
-                'Hint: double-quoted keys, lists for tuples, e.g. source_priors={"pld":[[1.0,0.6,0.9]]}'
-            ) from None
+                'Hint: double-quoted keys, lists for tuples, e.g. source_priors={"pld":[[1.0,0.6,0.9]]}') from None
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -82,19 +76,20 @@ def component_spec(spec: str, method: str):
     name, brace, rest = spec.partition("{")
     name = name.strip()
     if not name:
-        raise InvalidInputError(f"method {method!r}: an empty component name. Hint: pld+tr/spine, or pld{{max_chain=16}}/chain")
+        raise InvalidInputError(
+            f"method {method!r}: an empty component name. Hint: pld+tr/spine, or pld{{max_chain=16}}/chain")
     if not brace:
         return name
     if not rest.endswith("}") or not _balanced(rest[:-1]):
         raise InvalidInputError(
             f"method {method!r}: options of {name!r} must be written {name}{{key=value,...}}, got {spec!r}. "
-            "Hint: pld{max_chain=16}"
-        )
+            "Hint: pld{max_chain=16}")
     opts = {}
     for item in [x for x in split_top(rest[:-1], ",") if x.strip()]:
         key, eq, val = item.partition("=")
         if not eq or not key.strip():
-            raise InvalidInputError(f"method {method!r}: option {item!r} of {name!r} is not key=value. Hint: {name}{{key=value}}")
+            raise InvalidInputError(
+                f"method {method!r}: option {item!r} of {name!r} is not key=value. Hint: {name}{{key=value}}")
         opts[key.strip()] = _value(val, key.strip(), name, method)
     return (name, opts) if opts else name
 
@@ -112,23 +107,21 @@ def _balanced(text: str) -> bool:
 
 
 def preset(name: str) -> dict:
-    """The compose() keywords of a preset name or a ``SRC+SRC/POLICY`` spec: ``sources`` (names, or
-    (name, options) pairs), ``policy`` and, where the policy has options, ``policy_options``. A preset's
-    dict is returned as it is in :data:`PRESETS` (copy it before changing it)."""
+    """The compose() keywords of a preset name or a spec: ``sources`` (names, or (name, options) pairs),
+    ``policy`` and ``verifier``, each with ``<role>_options`` where given. A preset's dict is returned as it is
+    in :data:`PRESETS` (copy it before changing it)."""
     if name in PRESETS:
         return PRESETS[name]
     if "/" in name:
         if not _balanced(name):
             raise InvalidInputError(
                 f"method {name!r}: its braces and brackets do not close in order (each component's options in "
-                "{...}, a JSON value inside them). Hint: pld+tr/spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}}"
-            )
+                "{...}, a JSON value inside them). Hint: pld+tr/spine-fit{source_priors={\"pld\":[[1.0,0.6,0.9]]}}")
         parts = split_top(name, "/")
         if len(parts) > 3:
             raise InvalidInputError(
                 f"method {name!r} has {len(parts)} parts; a method is SRC+SRC/POLICY or SRC+SRC/POLICY/VERIFIER. "
-                "Hint: pld+tr/spine-fit/greedy"
-            )
+                "Hint: pld+tr/spine-fit/greedy")
         out = {"sources": [component_spec(s, name) for s in split_top(parts[0], "+") if s.strip()]}
         for role, spec in zip(("policy", "verifier"), parts[1:]):
             comp = component_spec(spec, name)
@@ -137,17 +130,14 @@ def preset(name: str) -> dict:
             else:
                 out[role] = comp
         return out
-    raise InvalidInputError(
-        f"Unknown method {name!r}. Available: {', '.join((*BASELINES, *PRESETS))}, or SRC+SRC/POLICY."
-        f"{did_you_mean(name, (*BASELINES, *PRESETS))}"
-    )
+    raise InvalidInputError(f"Unknown method {name!r}. Available: {', '.join((*BASELINES, *PRESETS))}, or "
+                            f"SRC+SRC/POLICY.{did_you_mean(name, (*BASELINES, *PRESETS))}")
 
 
 def check_method(name: str) -> None:
     """Refuse an unknown method, component or option, or a component that cannot be built, before any model is
-    loaded: each component of the method is built as ``compose`` builds it (its options validated, its
-    ``__init__`` run; a plain exception there is the role's ComponentError naming it), short of ``bind``, which
-    needs the model."""
+    loaded: each component is built as ``compose`` builds it (options validated, ``__init__`` run), short of
+    ``bind``, which needs the model."""
     from goose.interfaces import DraftSource, TreePolicy, Verifier
     from goose.manager import build_component
 

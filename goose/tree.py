@@ -1,12 +1,10 @@
 """The draft tree as data, and the pure functions derived from it.
 
-A tree is a parent-index array: node 0 is the root (the anchor: the last committed token, whose
-key/value entries are not yet in the cache), ``parents[0] == -1`` and ``0 <= parents[i] < i``.
-Every node carries the token it proposes, an origin label (its role in the tree's shape: the
-spine, a side chain, a branch; or, for a policy that does not say, the source that drafted it),
-optionally the names of the sources that proposed it (a token proposed by two sources is one node
-that both vouch for) and an optional score. Depths, the ancestor mask, position ids, the 4-D additive attention mask and the
-root-to-leaf paths are functions of the parents alone.
+A tree is a parent-index array: node 0 is the root (the anchor: the last committed token, not yet in the
+cache), ``parents[0] == -1`` and ``0 <= parents[i] < i``. Every node carries its token, an origin label (its
+role in the tree: spine, side chain, branch; or the source that drafted it), optionally the names of the
+sources that proposed it (one node for a token several sources propose) and a score. Depths, the ancestor
+mask, position ids, the additive attention mask and the root-to-leaf paths are functions of the parents.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ ROOT = "root"
 
 @dataclass(frozen=True)
 class DraftTree:
-    """A validated draft tree. Build one with :meth:`DraftTree.build` or :meth:`from_chain`."""
+    """A validated draft tree. Build one with :meth:`build`, :meth:`from_chain` or :meth:`single`."""
 
     tokens: tuple[int, ...]  # [num_nodes] token id per node; tokens[0] is the anchor
     parents: tuple[int, ...]  # [num_nodes] parent index; parents[0] == -1
@@ -42,16 +40,14 @@ class DraftTree:
         if self.sources is not None:
             if len(self.sources) != len(self.tokens):
                 raise InvalidTreeError(
-                    f"sources has {len(self.sources)} entries but tokens has {len(self.tokens)}; they must match"
-                )
+                    f"sources has {len(self.sources)} entries but tokens has {len(self.tokens)}; they must match")
             for i, s in enumerate(self.sources):
                 if not (isinstance(s, tuple) and (s or i == 0) and all(type(x) is str and x for x in s)
                         and len(set(s)) == len(s)):
                     _bad_sources(i, s)
 
     def credited(self, i: int) -> tuple[str, ...]:
-        """The sources credited with node ``i``: its ``sources`` when the policy recorded them,
-        else its origin (the label a policy that records no sources gives)."""
+        """The sources credited with node ``i``: its ``sources`` where recorded, else its origin."""
         if self.sources is not None and self.sources[i]:
             return self.sources[i]
         return (self.origins[i],)
@@ -66,44 +62,26 @@ class DraftTree:
         """The tree of nodes ``keep`` (ascending, root first, each node's parent kept), renumbered."""
         remap = {old: new for new, old in enumerate(keep)}
         return DraftTree(
-            tuple(self.tokens[i] for i in keep),
-            tuple(-1 if i == 0 else remap[self.parents[i]] for i in keep),
-            tuple(self.origins[i] for i in keep),
-            None if self.scores is None else tuple(self.scores[i] for i in keep),
-            self.route,
-            dict(self.meta),
-            None if self.sources is None else tuple(self.sources[i] for i in keep),
-        )
+            tuple(self.tokens[i] for i in keep), tuple(-1 if i == 0 else remap[self.parents[i]] for i in keep),
+            tuple(self.origins[i] for i in keep), None if self.scores is None else tuple(self.scores[i] for i in keep),
+            self.route, dict(self.meta), None if self.sources is None else tuple(self.sources[i] for i in keep))
 
-    # ---- constructors -------------------------------------------------------------------------
     @classmethod
-    def build(
-        cls,
-        tokens: Sequence[int],
-        parents: Sequence[int],
-        origins: Sequence[str] | str,
-        scores: Sequence[float] | None = None,
-        route: str = "tree",
-        sources: Sequence[Sequence[str]] | None = None,
-        **meta,
-    ) -> DraftTree:
+    def build(cls, tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str] | str,
+              scores: Sequence[float] | None = None, route: str = "tree",
+              sources: Sequence[Sequence[str]] | None = None, **meta) -> DraftTree:
+        """A tree from plain sequences: integer ids become ints, scores floats, each node's ``sources`` a tuple;
+        a single ``origins`` string labels every node but the root; ``meta`` is kept, unread, for the policy."""
         tokens = tuple(_node_id(i, t, "token") for i, t in enumerate(tokens))
         if isinstance(sources, (str, bytes)):
             raise InvalidTreeError(
                 f"sources {sources!r} is not allowed: one entry per node, each a tuple of source names. "
-                f"Hint: sources=[(), ({sources!r},), ...] (the root's (), then each drafted node's names)"
-            )
+                f"Hint: sources=[(), ({sources!r},), ...] (the root's (), then each drafted node's names)")
         if isinstance(origins, str):
             origins = (ROOT,) + (origins,) * (len(tokens) - 1)
-        return cls(
-            tokens,
-            tuple(_node_id(i, p, "parent") for i, p in enumerate(parents)),
-            tuple(origins),
-            None if scores is None else tuple(float(s) for s in scores),
-            route,
-            meta,
-            None if sources is None else tuple(_node_sources(i, s) for i, s in enumerate(sources)),
-        )
+        return cls(tokens, tuple(_node_id(i, p, "parent") for i, p in enumerate(parents)), tuple(origins),
+                   None if scores is None else tuple(float(s) for s in scores), route, meta,
+                   None if sources is None else tuple(_node_sources(i, s) for i, s in enumerate(sources)))
 
     @classmethod
     def single(cls, root: int) -> DraftTree:
@@ -111,34 +89,22 @@ class DraftTree:
         return cls((int(root),), (-1,), (ROOT,), None, "single", {})
 
     @classmethod
-    def from_chain(
-        cls, root: int, chain: Sequence[int], origin: str, route: str = "chain", source: str | None = None
-    ) -> DraftTree:
-        """A plain chain ``root -> chain[0] -> chain[1] -> ...`` (``source``: the name of the source that proposed
-        it, credited with every node but the root)."""
+    def from_chain(cls, root: int, chain: Sequence[int], origin: str, route: str = "chain",
+                   source: str | None = None) -> DraftTree:
+        """A plain chain ``root -> chain[0] -> chain[1] -> ...`` (route "single" when empty); ``source``: the
+        source that proposed it, credited with every node but the root."""
         n = len(chain)
         if source is not None and (type(source) is not str or not source):
             raise InvalidTreeError(
                 f"from_chain: source {source!r} ({type(source).__name__}) is not allowed: the name of the source "
-                "that proposed the chain, a non-empty str, or None. Hint: source=proposal.source"
-            )
-        return cls(
-            (int(root), *(int(t) for t in chain)),
-            tuple(range(-1, n)),
-            (ROOT,) + (origin,) * n,
-            None,
-            route if n else "single",
-            {},
-            None if source is None else ((),) + ((source,),) * n,
-        )
+                "that proposed the chain, a non-empty str, or None. Hint: source=proposal.source")
+        return cls((int(root), *(int(t) for t in chain)), tuple(range(-1, n)), (ROOT,) + (origin,) * n, None,
+                   route if n else "single", {}, None if source is None else ((),) + ((source,),) * n)
 
     @classmethod
     def from_choices(cls, root: int, choices: Sequence[Sequence[int]], token_of, origin: str) -> DraftTree:
-        """Interop with Medusa-style "choices": each choice is a path of child ranks from the root.
-
-        ``token_of(path)`` returns the token of the node reached by ``path`` (a tuple of ranks).
-        Choices must list a node's prefix before the node itself.
-        """
+        """A tree from Medusa-style "choices", each a path of child ranks from the root (every prefix listed
+        too); ``token_of(path)`` gives the token of the node ``path`` reaches."""
         index = {(): 0}
         tokens, parents = [int(root)], [-1]
         for choice in sorted((tuple(c) for c in choices), key=lambda c: (len(c), c)):
@@ -149,7 +115,6 @@ class DraftTree:
             tokens.append(int(token_of(choice)))
         return cls.build(tokens, parents, origin)
 
-    # ---- derived structure (pure functions of parents) ---------------------------------------
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -201,9 +166,6 @@ class DraftTree:
             out.append(tuple(reversed(path)))
         return tuple(out)
 
-    def path_tokens(self, path: Sequence[int]) -> tuple[int, ...]:
-        return tuple(self.tokens[i] for i in path)
-
 
 def validate(tokens, parents, origins, scores=None) -> None:
     """Reject a malformed tree, naming the node index and the offending value."""
@@ -230,18 +192,16 @@ def validate(tokens, parents, origins, scores=None) -> None:
         p = parents[i]
         if not isinstance(p, (int, np.integer)) or not (0 <= p < i):
             raise InvalidTreeError(
-                f"node {i}: parent must satisfy 0 <= parent < {i} (parents come before children), got {p!r}"
-            )
-        key = (p, t)
-        if key in seen:
+                f"node {i}: parent must satisfy 0 <= parent < {i} (parents come before children), got {p!r}")
+        if (p, t) in seen:
             raise InvalidTreeError(
-                f"node {i}: token {t} repeats its sibling node {seen[key]} under parent {p}; "
-                "siblings must propose distinct tokens (deduplicate in the tree policy)"
-            )
-        seen[key] = i
+                f"node {i}: token {t} repeats its sibling node {seen[p, t]} under parent {p}; "
+                "siblings must propose distinct tokens (deduplicate in the tree policy)")
+        seen[p, t] = i
 
 
 def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
+    """``[n, n]`` bool: ``mask[i, j]`` is True when j is i or an ancestor of i."""
     n = len(parents)
     m = np.zeros((n, n), dtype=bool)
     for i in range(n):
@@ -253,19 +213,18 @@ def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
 
 
 def additive_mask(anc: np.ndarray, past_len: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``[1, 1, n, past_len + n]``: 0 over the past and where ``anc`` is True, dtype-min elsewhere."""
     n = anc.shape[0]
-    neg = torch.finfo(dtype).min
-    mask = torch.full((1, 1, n, past_len + n), neg, dtype=dtype, device=device)
+    mask = torch.full((1, 1, n, past_len + n), torch.finfo(dtype).min, dtype=dtype, device=device)
     if past_len:
         mask[..., :past_len] = 0
-    tree_part = torch.from_numpy(anc).to(device)
-    mask[0, 0, :, past_len:].masked_fill_(tree_part, 0.0)
+    mask[0, 0, :, past_len:].masked_fill_(torch.from_numpy(anc).to(device), 0.0)
     return mask
 
 
 def _node_sources(i: int, s) -> tuple[str, ...]:
-    """Node ``i``'s ``sources`` entry as a tuple of names: a tuple, list or frozenset of source names (a frozenset
-    in sorted order); a bare string (which would iterate as its characters) or anything else is an error."""
+    """Node ``i``'s ``sources`` entry as a tuple: a tuple or list as is, a frozenset of names sorted; anything
+    else (a bare string would iterate as its characters) is an error."""
     if isinstance(s, tuple):
         return s
     if isinstance(s, list):
@@ -290,17 +249,13 @@ def _bad_sources(i: int, s) -> None:
         what = "every name must be a non-empty str" if isinstance(s, (tuple, list, frozenset)) else (
             f"a {type(s).__name__} is not a collection of names")
         hint = "sources=[(), ('pld',), ('pld', 'tr'), ...]: the root's () then each drafted node's source names"
-    raise InvalidTreeError(
-        f"node {i}: sources {s!r} is not allowed ({what}): a tuple, list or frozenset of source names, "
-        f"non-empty for every drafted node (the root's is ()). Hint: {hint}"
-    )
+    raise InvalidTreeError(f"node {i}: sources {s!r} is not allowed ({what}): a tuple, list or frozenset of source "
+                           f"names, non-empty for every drafted node (the root's is ()). Hint: {hint}")
 
 
 def _node_id(i: int, v, what: str) -> int:
     """An integer id (a Python or numpy integer) as an int; a float, bool or anything else is an error."""
     if isinstance(v, numbers.Integral) and not isinstance(v, bool):
         return int(v)
-    raise InvalidTreeError(
-        f"node {i}: {what} {v!r} ({type(v).__name__}) is not an integer id. Hint: build trees from the int ids "
-        "sources propose (int(t) for a tensor element)"
-    )
+    raise InvalidTreeError(f"node {i}: {what} {v!r} ({type(v).__name__}) is not an integer id. Hint: build trees "
+                           "from the int ids sources propose (int(t) for a tensor element)")
