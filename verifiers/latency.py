@@ -1,9 +1,8 @@
-"""A verifier's pass time against tree size, measured through its speed protocol and cached.
+"""A verifier's pass time against tree size, measured through its speed protocol and cached (docs/speed.md).
 
-Verifying a tree costs one forward whose time grows with the number of nodes, differently per device,
-dtype and kernel. The curve is measured with the composed verifier's own passes (``Verifier.time_pass``,
-in each of its ``pass_forms``), stored under the model, the machine, the thread count and the verifier's
-``timing_key``, and checked once per process. The ``fit`` policy weighs expected accepted tokens against it.
+The curve is measured with the composed verifier's own passes (``Verifier.time_pass``, in each of its
+``pass_forms``), stored under the model, the machine, the thread count and the verifier's ``timing_key``, and
+checked once per process. The ``fit`` policy weighs expected accepted tokens against it.
 """
 
 from __future__ import annotations
@@ -23,33 +22,27 @@ from pathlib import Path
 
 from goose.verifiers import machine
 
-# Every size the fit may pick up to 64 (bfloat16 and small-row kernels change with the row count),
-# then coarser; beyond the last size the curve is extended in proportion.
+# Every size the fit may pick up to 64 (kernels change with the row count), then coarser; beyond the last
+# size the curve is extended in proportion.
 SIZES = (*range(1, 25), 28, 32, 40, 48, 56, 64, 80, 96, 128)
-FULL_SIZES = (*range(1, 65), 80, 96, 128)
-# sizes at which both forms of the linear layers are timed; a size between takes the form of the
-# nearest compared size (the forms switch at a crossover, not back and forth)
+FULL_SIZES, FULL_ROUNDS = (*range(1, 65), 80, 96, 128), 5  # goose calibrate --full
+# sizes at which every pass form is timed; a size between takes the nearest compared size's form (the forms
+# switch at a crossover, not back and forth)
 COMPARE = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-FULL_ROUNDS = 5
-# where the time budget stops the walk over SIZES, the sizes past it among these are still timed once each,
-# in this order, while it allows (the widest span first; the sizes between are interpolated and listed in
-# their form; the largest last: a walk may stop near 64)
+# past the walk's end, timed once each in this order while the budget allows (the widest span first)
 ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
 CURVE_VERSION = 17  # bump when the measuring method or a kernel it times changes: cached curves are measured anew
-# A cached curve is checked once per process against this machine (sizes 1 and 4 in the curve's
-# forms): machines with the same CPU name and flags differ in speed (virtual machines on other hosts)
-# and in which linear-layer form is fastest, and a curve measured under load misleads the fit
+# A cached curve is checked once per process at these sizes: machines with the same CPU name differ in speed
+# and in which form is fastest, and a curve measured under load misleads the fit.
 CHECK_SIZES = (1, 4)
 CHECK_TOLERANCE = 1.3  # now / cached beyond this factor, either way: measured anew
 _checked: set[str] = set()  # cache files checked (or measured) in this process
-# One lock per cache file: threads of one process that need the same curve wait for the one that checks
-# or measures it (two measurements at once would time each other's load). Across processes the file is
-# written atomically (write_atomic): a reader finds the old curve or the new one, never a torn file.
+# One lock per cache file: threads needing the same curve wait for the one checking or measuring it (two
+# measurements at once would time each other's load); across processes the file is written atomically.
 _path_locks: dict[str, threading.Lock] = {}
 _path_locks_lock = threading.Lock()
-# curves this process measured and did not store (the stored one disagreed only for a while, or the machine
-# disagreed with both): cache file -> curve, used by this process in place of the file
+# cache file -> a curve this process measured and did not store, used in place of the file
 _process_curves: dict[str, "LatencyCurve"] = {}
 
 log = logging.getLogger("goose")
@@ -57,14 +50,14 @@ log = logging.getLogger("goose")
 
 @dataclass(frozen=True)
 class LatencyCurve:
-    """Seconds per forward at measured tree sizes; piecewise-linear in between, flat-extended."""
+    """Seconds per forward at measured tree sizes; piecewise-linear in between, below the first size flat,
+    past the last in proportion."""
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
     # (rows, seconds) of the LM head alone on that many rows: what the prefill's extra logit rows cost
     head: tuple[tuple[int, float], ...] = ()
-    # ((form, sizes), ...): the sizes whose pass is fastest in each of the verifier's pass_forms (other sizes:
-    # its default)
+    # ((form, sizes), ...): the sizes whose pass runs in each of the verifier's pass_forms (others: its default)
     forms: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def __call__(self, n: int) -> float:
@@ -103,24 +96,14 @@ class LatencyCurve:
 
     def head_rows(self, k: int) -> int:
         """How many rows the LM head should compute to give ``k``: ``k``, or a measured count above it that
-        took less time than ``k`` rows are estimated to take (the extra rows are padding); ``k`` itself
-        past the last measured count or where none is measured.
-
-        The head's time is not monotone in its rows: a GEMM may take a faster path from some row count on, so
-        where a measured count above ``k`` is cheaper than the estimate for ``k``, that count is run.
-        """
-        h = self.head
-        if not h or k >= h[-1][0]:
-            return k
-        return self._head_run(k)[0]
+        took less (a GEMM may take a faster path from some row count on; the extra rows are padding); ``k``
+        itself past the last measured count or where none is measured."""
+        return k if not self.head or k >= self.head[-1][0] else self._head_run(k)[0]
 
     def head_rows_within(self, extra_s: float) -> int | None:
-        """The most LM-head rows whose cost over one row stays within ``extra_s`` (None: not measured).
-
-        Up to the last measured row count, the cost of ``k`` rows is that of the rows :meth:`head_rows`
-        runs for them (linear between measured counts, or a cheaper measured count above); past it, in
-        proportion to the last interval's cost per row.
-        """
+        """The most LM-head rows whose cost over one row stays within ``extra_s`` (None: not measured): up to
+        the last measured count, ``k`` rows cost what :meth:`head_rows` runs for them; past it, the last
+        interval's cost per row."""
         h = self.head
         if len(h) < 2:
             return None
@@ -154,9 +137,8 @@ class LatencyCurve:
 
 def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict[int, str]:
     """The form of each size past ``last`` (the walk's end) up to ``upto`` that was not timed, where the timed
-    sizes either side of it (``last`` or an anchor) share a form other than stock: the curve prices such a
-    size between those two, so it must run in their form (Qwen2.5-Coder-1.5B with anchors 6, 32, 64 as
-    ``weight @ x.T``: sizes 7-31 ran with stock linears at 1.5-2x the price the fit was told)."""
+    sizes either side of it share a form other than the default: the curve prices such a size between those
+    two, so it must run in their form."""
     out = {}
     pts = sorted(n for n in timed if n >= last)
     for a, b in zip(pts, pts[1:]):
@@ -165,38 +147,29 @@ def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict
     return out
 
 
+def _first_param(model):
+    try:
+        return next(model.parameters())
+    except (StopIteration, AttributeError):
+        return None
+
+
 def _key(model, verifier) -> str:
     import torch
 
     cfg = getattr(model, "config", None)
-    try:
-        p = next(model.parameters())
-        dtype, device = str(p.dtype), str(p.device)
-    except (StopIteration, AttributeError):
-        dtype, device = "?", "cpu"
-    desc = json.dumps(
-        {
-            "model": getattr(cfg, "_name_or_path", "") or type(model).__name__,
-            "arch": getattr(cfg, "model_type", ""),
-            "hidden": getattr(cfg, "hidden_size", 0),
-            "layers": getattr(cfg, "num_hidden_layers", 0),
-            "vocab": getattr(cfg, "vocab_size", 0),
-            "attn": getattr(cfg, "_attn_implementation", ""),
-            "dtype": dtype,
-            "device": device,
-            "threads": torch.get_num_threads(),
-            # another CPU (a cache directory shared between machines) or limited kernels: another curve
-            "cpu": machine.cpu(),
-            "kernels": machine.kernels(),
-            "torch": torch.__version__,
-            "curve": CURVE_VERSION,
-            "verifier": verifier.timing_key(),
-            # a model dispatched by accelerate (layers on other devices, offloaded to disk) is another curve
-            "dispatch": sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}),
-            "dispatched_modules": len(getattr(model, "hf_device_map", None) or {}),
-        },
-        sort_keys=True,
-    )
+    p = _first_param(model)
+    dtype, device = (str(p.dtype), str(p.device)) if p is not None else ("?", "cpu")
+    dispatched = getattr(model, "hf_device_map", None) or {}  # accelerate's: layers on other devices or disk
+    desc = json.dumps({
+        "model": getattr(cfg, "_name_or_path", "") or type(model).__name__, "arch": getattr(cfg, "model_type", ""),
+        "hidden": getattr(cfg, "hidden_size", 0), "layers": getattr(cfg, "num_hidden_layers", 0),
+        "vocab": getattr(cfg, "vocab_size", 0), "attn": getattr(cfg, "_attn_implementation", ""),
+        "dtype": dtype, "device": device, "threads": torch.get_num_threads(),
+        "cpu": machine.cpu(), "kernels": machine.kernels(), "torch": torch.__version__, "curve": CURVE_VERSION,
+        "verifier": verifier.timing_key(),
+        "dispatch": sorted({str(v) for v in dispatched.values()}), "dispatched_modules": len(dispatched),
+    }, sort_keys=True)
     return hashlib.sha256(desc.encode()).hexdigest()[:16]
 
 
@@ -206,7 +179,7 @@ def cache_dir() -> Path:
 
 class _Timer:
     """Passes of n chain tokens, timed by the verifier's speed protocol (``time_pass``) over a cache of up to
-    ``past_len`` prompt tokens."""
+    ``past_len`` prompt tokens (fewer where that prefill alone would spend a fifth of ``budget_s``)."""
 
     def __init__(self, verifier, past_len: int, budget_s: float):
         import torch
@@ -214,7 +187,6 @@ class _Timer:
         self.v = v = verifier
         self.g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, v.vocab_size, (past_len,), generator=self.g)
-        # past_len tokens, or fewer where that prefill alone would spend a fifth of the budget
         probe = min(32, past_len)
         t0 = time.perf_counter()
         v.prefill(prompt[:probe], keep=1)
@@ -237,51 +209,22 @@ class _Timer:
         return v.time_pass(tree, form)
 
 
-def measure(
-    model,
-    verifier,
-    sizes=SIZES,
-    past_len: int = 256,
-    repeats: int = 3,
-    budget_s: float = 25.0,
-    stop_ratio: float = 12.0,
-    progress=None,
-    compare_forms: bool = True,
-    measure_head: bool = True,
-) -> LatencyCurve:
-    """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n.
+def measure(model, verifier, sizes=SIZES, past_len: int = 256, repeats: int = 3, budget_s: float = 25.0,
+            stop_ratio: float = 12.0, progress=None, compare_forms: bool = True,
+            measure_head: bool = True) -> LatencyCurve:
+    """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n in ``sizes``.
 
-    Sizes are measured in increasing order, one timed forward each per round, until a forward costs
-    ``stop_ratio`` one-token forwards (no tree the sources draft pays at that price; the curve
-    is extended in proportion beyond) or, past size 4, ``WALK_SHARE`` (60%) of ``budget_s`` is spent
-    (on a steep curve the sizes that could pay are the small ones; then ``ANCHORS`` past the walk,
-    32 and 64 first, then 16, 8, 24, 48 and 12, then 128, 96 and 80, are timed once each where the
-    rest of the budget allows, in the form of the nearest compared size, guessing each one's time on
-    the line through t(1) and the largest size timed, so that a long chain's cost is interpolated,
-    not extended in proportion, and a size between two anchors of one form is listed in that form, so
-    that the verifier runs it as the curve prices it: :func:`_between_anchors`),
-    then further rounds over the same sizes while the time ``budget_s`` lasts, ``repeats`` rounds at
-    most (at least one). A size or form whose one timing would decide much (the size that would end the
-    walk, an anchor over 1.5x its guess, a form about to be dropped) is timed again and the lower time
-    kept: one stall on a noisy machine must not shape the curve. A few one-token and one
-    mid-size forward run first, untimed: the first forwards of a process are slow. The median of
-    each size's rounds is kept, as measured (a size slower than a larger one stays so: the fit
-    then prefers the larger tree). With ``compare_linear``, round 1 times each compared size
-    from 1 to 64 with stock linear layers, as ``weight @ x.T`` and, where MKL's packed GEMM is
-    available for the model's weights, on packed weights (verifiers/skinny.py), and through the
-    stream kernel where it serves (verifiers/stream.py; the only form timed at one row besides
-    stock), keeps the fastest form for that size (``LatencyCurve.skinny`` / ``.packed`` /
-    ``.stream``; later rounds time that form), and
-    the verifier's ``linear="auto"`` then runs each tree size in its fastest form: the curve
-    measures the verifier as it will run. With ``measure_head``, the LM head alone is then timed on growing
-    row counts (:func:`_measure_head`): what the prefill's extra logit rows cost. ``progress(text)``
-    is called as it goes.
+    Round 1 walks the sizes upward (:meth:`_Walk.walk`), then times the ``ANCHORS`` past where the budget stopped
+    it (:meth:`_Walk.anchors`); further rounds follow while ``budget_s`` lasts, ``repeats`` at most, and each size
+    keeps the median of its rounds, as measured. With ``compare_forms`` each of the verifier's ``pass_forms`` is
+    timed against its default at the ``COMPARE`` sizes and each size runs in the fastest: the curve's ``forms``,
+    told to the verifier through ``forms_kept``. With ``measure_head`` the LM head alone is then timed on growing
+    row counts (:func:`_measure_head`). ``progress(text)`` is called as it goes.
     """
     t_start = time.perf_counter()
     timer = _Timer(verifier, past_len, budget_s)
     v = verifier
     sizes = sorted(set(int(n) for n in sizes))
-    # the forms the verifier's passes may run in are timed against its default
     forms = list(v.pass_forms()) if compare_forms else []
     max_rows = max((n for n in range(1, sizes[-1] + 1) if any(v.form_serves(f, n) for f in forms)), default=0)
     w = _Walk(timer.once, forms, max_rows, progress or (lambda text: None), t_start, budget_s, stop_ratio,
@@ -305,22 +248,20 @@ def measure(
 
 
 class _Walk:
-    """The timings of one :func:`measure` call: the warm-up and the screen of the linear-layer forms,
-    round 1's walk over the sizes, the anchors past it, then further rounds.
-
-    ``times``: size -> seconds of each round; ``form``: size -> its fastest linear-layer form (None:
-    stock); ``t1``: the one-token forward, the unit of ``stop_ratio``.
-    """
+    """The timings of one :func:`measure` call. ``times``: size -> seconds of each round; ``form``: size -> its
+    fastest form (None: the verifier's default, "stock"); ``t1``: the one-token forward, the unit of
+    ``stop_ratio``; ``serves(form, rows)``: the verifier's ``form_serves``. A timing that decides much is taken
+    twice and the lower kept: one stall must not shape the curve."""
 
     def __init__(self, once, forms: list[str], max_rows: int, say, t_start: float, budget_s: float,
                  stop_ratio: float, serves):
-        self.once, self.forms, self.say, self.serves = once, forms, say, serves  # serves(form, rows): the verifier's
+        self.once, self.forms, self.say, self.serves = once, forms, say, serves
         self.compared = [c for c in COMPARE if c <= max_rows]  # sizes at which every form is timed
-        self.max_rows = max_rows  # the largest tree a non-stock form runs
+        self.max_rows = max_rows  # the largest tree a form other than stock runs
         self.t_start, self.budget_s, self.stop_ratio = t_start, budget_s, stop_ratio
         self.times: dict[int, list[float]] = {}
         self.form: dict[int, str | None] = {}
-        self.stock_compared = True  # False: stock linears were far slower than a form at the warm-up's size
+        self.stock_compared = True  # False: stock was far slower than a form at the warm-up's size
         self.t1 = 0.0
 
     def elapsed(self) -> float:
@@ -340,14 +281,12 @@ class _Walk:
         return min(dt, self.once(n, f)) if dt > limit else dt
 
     def warm_up(self, mid: int) -> None:
-        """A few one-token and one mid-size forward, untimed (the first forwards of a process are
-        slow); then each form that two timings put over 1.5x the fastest at the mid size (stock
-        included) is dropped from the comparisons."""
+        """A few one-token and one mid-size forward, untimed (the first forwards of a process are slow); then
+        each form that two timings put over 1.5x the fastest at the mid size (stock included) is dropped from
+        the comparisons, which would otherwise time it at every compared size."""
         for n in (1, 1, 1):
             self.once(n)
         stock_mid = self.once(mid)
-        # a form far slower at a middle size is not compared at the others: timing it at every compared size
-        # would double the wait
         if mid >= 2:
             mids: dict[str | None, float] = {None: stock_mid}
             for f in self.forms:
@@ -371,13 +310,13 @@ class _Walk:
         return f, timed[f]
 
     def walk(self, sizes: list[int]) -> int | None:
-        """Round 1: each size in increasing order, in its fastest form at a compared size (else the
-        nearest compared size's), until a forward costs ``stop_ratio`` x t(1) (returns None) or, past
-        size 4, the walk's share of the budget is spent (returns the size it stopped at)."""
+        """Round 1: each size in increasing order, in its fastest form at a compared size (else the nearest
+        compared size's), until a forward costs ``stop_ratio`` x t(1) (returns None) or, past size 4, the
+        walk's share of the budget is spent (returns the size it stopped at); the size that would end the
+        walk is timed twice, the lower kept."""
         self.t1 = t1 = min(self.once(1) for _ in range(3))
         for n in sizes:
             if self.forms and n in self.compared:
-                # one row: only the forms that serve it (the others run F.linear there)
                 serve = [f for f in self.forms if self.serves(f, n)]
                 self.form[n], dt = self.fastest(n, serve)
                 if n == 1:  # a tree's price is in units of the one-token step as the verifier will run it
@@ -385,7 +324,6 @@ class _Walk:
             else:
                 self.form[n] = self.nearest(n)
                 dt = self.once(n, self.form[n])
-            # a size that would end the walk is timed twice, the lower kept: one stalled forward must not end it
             if n > 1:
                 dt = self.again_over(dt, self.stop_ratio * t1, n, self.form[n])
             self.times[n] = [dt]
@@ -398,24 +336,20 @@ class _Walk:
         return None
 
     def anchors(self, last: int, top: int) -> None:
-        """The :data:`ANCHORS` past ``last`` up to ``top``, once each where the rest of the budget allows.
-
-        With them the curve interpolates past the walked sizes instead of extending in proportion, which
-        overprices long chains (a pass's time grows far slower than its rows).
-        """
+        """The :data:`ANCHORS` past ``last`` up to ``top``, once each where the rest of the budget allows (with
+        them the curve interpolates past the walk instead of extending in proportion, which overprices long
+        chains); each timed again where over 1.5x its guess."""
         t1 = self.t1
         cap = top + 1  # anchors at or above it are skipped: one over stop_ratio x t(1) lowers it
         for a in (a for a in ANCHORS if last < a <= top):
             if a >= cap:
                 continue
             # whether it fits: its time guessed on the line through t(1) and the largest size timed so far
-            # (a guess in proportion to that size would ignore the fixed cost per pass)
             prev = max(self.times)
             guess = self.times[prev][0] + (a - prev) * max(0.0, self.times[prev][0] - t1) / (prev - 1)
             if self.elapsed() + guess > self.budget_s:
                 continue  # a smaller anchor after it may still fit
             self.form[a] = self.nearest(a)
-            # timed once, and again where over 1.5x the guess: one stall would price every long chain
             self.times[a] = [self.again_over(self.once(a, self.form[a]), 1.5 * guess, a, self.form[a])]
             self.say(f"size {a}: {1000 * self.times[a][0]:.1f} ms ({self.elapsed():.1f} s)")
             if self.times[a][0] > self.stop_ratio * t1:  # no tree that large pays: nor does a larger anchor
@@ -427,20 +361,18 @@ class _Walk:
     def rounds(self, kept: list[int], repeats: int) -> None:
         """Rounds 2 to ``repeats`` over the ``kept`` sizes, each in its form, while the budget allows a whole round."""
         for r in range(1, repeats):
-            spent = self.elapsed()
-            one_round = sum(self.times[n][0] for n in kept)
-            if spent + one_round > self.budget_s:
+            if self.elapsed() + sum(self.times[n][0] for n in kept) > self.budget_s:
                 break
             for n in kept:
                 self.times[n].append(self.once(n, self.form[n]))
             self.say(f"round {r + 1}/{repeats} ({self.elapsed():.1f} s)")
 
+
 def check(verifier, curve: LatencyCurve, tolerance: float = CHECK_TOLERANCE, sizes=CHECK_SIZES, past_len: int = 256,
           budget_s: float = 25.0) -> list[tuple[int, float, float]]:
-    """Time ``sizes`` on this machine as the curve says the verifier runs them (each size's form);
-    return ``(n, cached seconds, seconds now)`` for each size off by more than ``tolerance`` either
-    way (empty: the curve holds here). The median of three passes after an untimed one (which also
-    makes the packed weights where the curve uses them)."""
+    """Time ``sizes`` on this machine in the curve's form for each; ``(n, cached seconds, seconds now)`` for each
+    size off by more than ``tolerance`` either way (empty: the curve holds here). Each the median of three
+    passes after an untimed one (a form's first pass may pack weights or compile)."""
     timer = _Timer(verifier, past_len, budget_s)
     off = []
     try:
@@ -460,14 +392,10 @@ HEAD_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _measure_head(model, t1: float, say, t_start: float, g) -> tuple[tuple[int, float], ...]:
-    """Seconds of the LM head alone on 1, 2, 4, 8, ... rows, until the extra rows cost one forward twice in a row.
-
-    The prefill computes the logits of the trailing positions the sources learn from (token
-    recycling: up to 256); each is a row through the LM head, nearly free with AMX and about a
-    tenth of a forward each for a 1.5B model in bfloat16 on an AVX2-only CPU. Larger row counts
-    than those are not timed (the fit would not allow them). A count between two measured ones is run
-    padded to a measured count above it where that one took less (:meth:`LatencyCurve.head_rows`).
-    """
+    """Seconds of the LM head alone on ``HEAD_ROWS`` rows (the prefill's logit rows for the trailing positions
+    the sources learn from), until the extra rows cost over one forward (``t1``) at two counts in a row (a GEMM
+    path slow at one count may be fast at the next). ``g`` seeds the inputs without moving torch's global
+    generator (calibration may run inside a seeded generate)."""
     import torch
 
     get = getattr(model, "get_output_embeddings", None)
@@ -479,7 +407,6 @@ def _measure_head(model, t1: float, say, t_start: float, g) -> tuple[tuple[int, 
     out = []
     with torch.inference_mode():
         for r in HEAD_ROWS:
-            # its own generator: calibration may run inside a seeded generate and must not move torch's global one
             x = torch.randn(1, r, hidden, generator=g).to(dtype=weight.dtype, device=weight.device)
             head(x)  # untimed: the first call of a shape
             ts = []
@@ -488,7 +415,6 @@ def _measure_head(model, t1: float, say, t_start: float, g) -> tuple[tuple[int, 
                 head(x)
                 ts.append(time.perf_counter() - t0)
             out.append((r, min(ts)))
-            # past one forward at two counts in a row: a GEMM path slow at one count may be fast at the next
             if len(out) > 2 and out[-1][1] - out[0][1] > t1 and out[-2][1] - out[0][1] > t1:
                 break
     say(f"LM head: {1000 * out[0][1]:.1f} ms for 1 row, {1000 * out[-1][1]:.1f} ms for {out[-1][0]} "
@@ -508,22 +434,19 @@ def _progress_printer(label: str):
             sys.stderr.flush()
 
     def done(text: str) -> None:
-        line = f"goose: forward latency for {label} {text}"
-        log.info(line)
-        sys.stderr.write(("\r" + line.ljust(118) if tty else line) + "\n")
-        sys.stderr.flush()
+        _line(f"goose: forward latency for {label} {text}", "\r" if tty else "", 118 if tty else 0)
 
     return say, done
 
 
 def describe(model) -> str:
+    """The model's name, dtype and device, for progress lines."""
     cfg = getattr(model, "config", None)
     name = getattr(cfg, "_name_or_path", "") or type(model).__name__
-    try:
-        p = next(model.parameters())
-        return f"{Path(str(name)).name or name} ({str(p.dtype).replace('torch.', '')}, {p.device})"
-    except (StopIteration, AttributeError):
+    p = _first_param(model)
+    if p is None:
         return str(name)
+    return f"{Path(str(name)).name or name} ({str(p.dtype).replace('torch.', '')}, {p.device})"
 
 
 def curve_path(model, verifier) -> Path:
@@ -537,23 +460,20 @@ def cached_curve(model, verifier) -> LatencyCurve | None:
     mine = _process_curves.get(str(path))
     if mine is not None:
         return mine
-    if not path.exists():
-        return None
     try:
         return LatencyCurve.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError):  # none stored, or unreadable
         return None
 
 
 def curve_for(model, verifier, use_cache: bool = True, force: bool = False, check_cached: bool = True,
               **measure_kw) -> LatencyCurve:
     """The latency curve of ``verifier`` (bound to ``model``) on this machine and thread count, measured through
-    its speed protocol on first use and cached under its :meth:`~goose.Verifier.timing_key`.
-
-    Measuring prints a progress line on stderr (and logs it to the ``goose`` logger); ``goose calibrate``
-    does it ahead of time. With ``check_cached``, a cached curve is checked once per process (:func:`check`:
-    sizes 1 and 4 timed now) and measured anew, with a line on stderr, where it is off by more than
-    ``CHECK_TOLERANCE``: another machine under the same CPU name, or a curve measured under load.
+    its speed protocol on first use (a progress line on stderr and in the ``goose`` log; ``goose calibrate``
+    does it ahead of time) and cached under its :meth:`~goose.Verifier.timing_key`. With ``check_cached``, a
+    cached curve is checked once per process (:func:`check`) and measured anew where it is off by more than
+    ``CHECK_TOLERANCE``; the new curve replaces it only where, measured, the cached one still disagrees and the
+    new one holds.
     """
     path = curve_path(model, verifier)
     with _path_lock(path):
@@ -591,12 +511,10 @@ def _curve_at(model, verifier, path: Path, use_cache: bool, force: bool, check_c
     say, done = _progress_printer(describe(model))
     t0 = time.perf_counter()
     curve = measure(model, verifier, progress=say, **measure_kw)
-    done(
-        f"measured in {time.perf_counter() - t0:.1f} s: t(1) = {1000 * curve(1):.1f} ms, "
-        f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
-        + "".join(f"; {f} fastest at {len(ns)} sizes" for f, ns in curve.forms)
-        + ("; the default form everywhere" if not curve.forms else "")
-    )
+    done(f"measured in {time.perf_counter() - t0:.1f} s: t(1) = {1000 * curve(1):.1f} ms, "
+         f"t(16) = {1000 * curve(16):.1f} ms, sizes 1-{curve.sizes[-1]}"
+         + "".join(f"; {f} fastest at {len(ns)} sizes" for f, ns in curve.forms)
+         + ("; the default form everywhere" if not curve.forms else ""))
     if not use_cache:
         return curve
     if torch.get_num_threads() != threads:  # the curve's key says `threads`: it was not all measured with them
@@ -629,16 +547,16 @@ def _offs(off: list[tuple[int, float, float]]) -> str:
     return ", ".join(f"t({n}) {1000 * a:.1f} ms cached, {1000 * b:.1f} ms now" for n, a, b in off)
 
 
-def _line(text: str) -> None:
-    """A line on stderr and in the ``goose`` log."""
+def _line(text: str, prefix: str = "", width: int = 0) -> None:
+    """A line on stderr (after ``prefix``, padded to ``width``) and in the ``goose`` log."""
     log.info(text)
-    sys.stderr.write(text + "\n")
+    sys.stderr.write(prefix + text.ljust(width) + "\n")
     sys.stderr.flush()
 
 
 def write_atomic(path: Path, text: str) -> None:
     """``path`` holds ``text`` or what it held before, whoever reads it meanwhile: written to a temporary
-    file in the same folder, then renamed over it (``os.replace`` is atomic within one file system)."""
+    file in the same folder, then renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -1,24 +1,27 @@
 """What machine a measurement ran on: CPU model and the vector extensions that decide which tree pays.
 
-Part of the core: the latency curve a fitted policy trusts is keyed by it (verifiers/latency.py), so a
-cache directory shared between machines, or a run with torch's kernels limited to AVX2, never
-reuses a curve measured on other hardware. Results tables print :func:`describe`.
+The latency curve a fitted policy trusts is keyed by it (verifiers/latency.py), so a cache shared between
+machines, or a run with torch's kernels limited to AVX2, never reuses a curve measured on other hardware.
+Results tables print :func:`describe`.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
 
 # The extensions that change CPU matmul speed the most (AVX2 only: bfloat16 is emulated).
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+# Environment variables that limit the instruction sets torch, oneDNN and MKL use, and those that decide the
+# stream kernel's vector width (numba's target CPU and features, GOOSE_STREAM_WIDE / GOOSE_STREAM_KERNEL).
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
+           "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "GOOSE_STREAM_WIDE", "GOOSE_STREAM_KERNEL")
 
 
 @lru_cache(maxsize=1)
 def cpu() -> dict:
     """{"model": str, "cores": int, "flags": [...]}, from /proc/cpuinfo where there is one."""
-    import os
-
     model, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -29,24 +32,15 @@ def cpu() -> dict:
                     model = value.strip()
                 elif key == "flags":
                     flags = set(value.split())
-                if key == "flags" and model:
-                    break
+                    if model:
+                        break
     except OSError:
         pass
     return {"model": model, "cores": os.cpu_count() or 0, "flags": [f for f in FLAGS if f in flags]}
 
 
-# Environment variables that limit the instruction sets torch, oneDNN and MKL use: a machine with
-# AMX runs as an AVX2-only one under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2.
-# numba's target CPU and features, and GOOSE_STREAM_WIDE, decide the stream kernel's vector width.
-ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
-           "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "GOOSE_STREAM_WIDE", "GOOSE_STREAM_KERNEL")
-
-
 def kernels() -> dict:
     """torch's CPU kernel level and any instruction-set limits set in the environment."""
-    import os
-
     import torch
 
     try:

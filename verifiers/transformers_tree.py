@@ -1,16 +1,10 @@
 """The built-in verifier, ``transformers``: a draft tree verified in one forward of a stock Hugging Face causal LM.
 
-One forward per tree: the flattened nodes go in as one sequence, with position ids
-``past_len + depth`` and a 4-D additive mask that lets each node see the cached prefix, its
-ancestors and itself. The walk follows the target's argmax from the root; the accepted nodes'
-key/value rows are gathered into contiguous slots and the rest is cropped, through the cache's
-public ``layers[i].keys/values`` tensors and ``crop``.
-
-Models with sliding-window layers (Gemma-3, Qwen2 with ``use_sliding_window``, Mistral) are
-verified exactly at any length: each sliding layer gets a tree mask in which a node sees only the
-keys within the window of its own position (``verifiers/attention.py``: ``window_plan``,
-``sliding_tree_mask``), and its cache keeps a pass's rows until the commit's crop, which then
-leaves exactly what one-token-at-a-time decoding would have held (``verifiers/cache.py``).
+The flattened nodes go in as one sequence, with position ids ``past_len + depth`` and a 4-D additive mask that
+lets each node see the cached prefix, its ancestors and itself. The walk follows the target's argmax (or the
+rule's choice) from the root; the accepted nodes' key/value rows are gathered into contiguous slots and the
+rest is cropped. Sliding-window layers get a tree mask that keeps each node's window (verifiers/attention.py),
+and their cache keeps a pass's rows until the commit's crop (verifiers/cache.py).
 """
 
 from __future__ import annotations
@@ -33,62 +27,45 @@ from goose.verifiers import latency
 from goose.verifiers import attention, skinny, stream
 from goose.verifiers import cache as kv_cache
 
-# Attention implementations that honour an arbitrary 4-D additive mask.
-MASK_HONOURING = ("eager", "sdpa")
-
-# Routes on which the root's predecessor (the token before the anchor) is reported to observers,
-# as the reference does on its chain and single-step routes; on tree routes the root has none.
+MASK_HONOURING = ("eager", "sdpa")  # attention implementations that honour an arbitrary 4-D additive mask
+# Routes on which the root's predecessor (the token before the anchor) is reported to observers, as the
+# reference does on its chain and single-step routes; on tree routes the root has none.
 ROOT_PREDECESSOR_ROUTES = frozenset({"single", "chain", "bypass"})
 
 
 class TreeVerifierOptions(Options):
-    linear: Literal["auto", "stock", "skinny", "packed", "stream"] = Field(
-        "auto",
-        description="linear layers of the verifier's passes: 'stock' F.linear; 'skinny' weight @ x.T (2-64 nodes); "
-        "'packed' MKL's GEMM on weights packed once (2-64 nodes; float32 CPU; 1-4x each weight's memory, within "
+    linear: Literal["auto", "stock", "skinny", "packed", "stream"] = Field("auto", description=(
+        "linear layers of the verifier's passes: 'stock' F.linear; 'skinny' weight @ x.T (2-64 nodes); 'packed' "
+        "MKL's GEMM on weights packed once (2-64 nodes; float32 CPU; 1-4x each weight's memory, within "
         "pack_limit_mib) (verifiers/skinny.py); 'stream' a numba kernel that reads each weight once per pass, in "
         "its own layout (1-64 nodes, one-token steps included; float32 CPU; verifiers/stream.py; where the CPU has "
-        "AVX-512 its IR block kernel, verifiers/stream_ir.py, $GOOSE_STREAM_KERNEL=loop for numba's loop); 'auto' the "
-        "fastest per size, as the cached latency calibration measured (stock where none is cached). The "
-        "prompt's prefill always runs stock",
-    )
-    pack_limit_mib: int | None = Field(
-        None,
-        ge=0,
-        description="most MiB the packed weights of linear='packed'/'auto' may take (measured as they are "
-        "made: about 1-4x the linear weights); None: a quarter of the memory available "
-        "when they would be made; 0: never pack (tree passes then use the fastest other form). "
-        "stats.extra['verifier']['linear'] reports what they take",
-    )
-    gqa: bool = Field(
-        True,
-        description="on the CPU with sdpa attention, tree passes let torch's kernel read shared key/value "
-        "heads in place instead of transformers copying the cache per layer (verifiers/attention.py; the "
-        "same logits to the bit)",
-    )
-    headroom: bool = Field(
-        True,
-        description="the key/value cache appends each step's rows into a buffer with room to grow, instead "
-        "of transformers' DynamicLayer copying the whole cache per layer and step (verifiers/cache.py; the "
-        "same logits to the bit)",
-    )
-    defer_prefill_rows: bool = Field(
-        True,
-        description="the prefill computes the LM head for its last position only and keeps the final hidden "
-        "states of the other positions the sources asked for (keep); their logit rows are computed when the "
-        "first draft needs them (prefill_rows), so a generation that ends at its first token never pays for "
-        "them. Checked once per model: the deferred last row must match the prefill's own, or the verifier "
-        "computes the rows in the prefill from then on",
-    )
+        "AVX-512 its IR block kernel, verifiers/stream_ir.py, $GOOSE_STREAM_KERNEL=loop for numba's loop); 'auto' "
+        "the fastest per size, as the cached latency calibration measured (stock where none is cached). The "
+        "prompt's prefill always runs stock"))
+    pack_limit_mib: int | None = Field(None, ge=0, description=(
+        "most MiB the packed weights of linear='packed'/'auto' may take (measured as they are made: about 1-4x the "
+        "linear weights); None: a quarter of the memory available when they would be made; 0: never pack (tree "
+        "passes then use the fastest other form). stats.extra['verifier']['linear'] reports what they take"))
+    gqa: bool = Field(True, description=(
+        "on the CPU with sdpa attention, tree passes let torch's kernel read shared key/value heads in place "
+        "instead of transformers copying the cache per layer (verifiers/attention.py; the same logits to the bit)"))
+    headroom: bool = Field(True, description=(
+        "the key/value cache appends each step's rows into a buffer with room to grow, instead of transformers' "
+        "DynamicLayer copying the whole cache per layer and step (verifiers/cache.py; the same logits to the bit)"))
+    defer_prefill_rows: bool = Field(True, description=(
+        "the prefill computes the LM head for its last position only and keeps the final hidden states of the "
+        "other positions the sources asked for (keep); their logit rows are computed when the first draft needs "
+        "them (prefill_rows), so a generation that ends at its first token never pays for them. Checked once per "
+        "model: the deferred last row must match the prefill's own, or the verifier computes the rows in the "
+        "prefill from then on"))
 
 
 class TransformersVerifier(Verifier):
     """Verify a draft tree in one forward of the unmodified model; greedy walk; gather+crop commit.
 
-    With a :class:`~goose.sampling.TokenRule` (``rule``: the loop passes it when ``generate`` samples or
-    applies logits processors) the walk chooses each token with the rule instead of the raw argmax
-    (:func:`~goose.sampling.rule_walk`). Its speed protocol offers the linear layers' forms (``skinny``,
-    ``packed``, ``stream``) to the calibration and runs each tree size in the form it found fastest.
+    With a :class:`~goose.sampling.TokenRule` (``rule``, passed to ``prefill`` and ``verify``) the walk chooses
+    each token with the rule (:func:`~goose.sampling.rule_walk`). Its speed protocol offers the linear layers'
+    forms (``skinny``, ``packed``, ``stream``) to the calibration and runs each tree size in its fastest.
     """
 
     name = "transformers"
@@ -100,20 +77,16 @@ class TransformersVerifier(Verifier):
         if cfg is None:
             raise UnsupportedModelError(
                 f"model {type(model).__name__} has no `.config`; Goose serves Hugging Face causal LMs "
-                "(a PreTrainedModel, or any module with the same forward contract and a config)."
-            )
+                "(a PreTrainedModel, or any module with the same forward contract and a config).")
         impl = getattr(cfg, "_attn_implementation", None) or "eager"
         if impl not in MASK_HONOURING:
             raise UnsupportedModelError(
                 f"attention implementation {impl!r} ignores custom 4-D masks, so a draft tree cannot be "
                 f"verified exactly. Supported: {', '.join(MASK_HONOURING)}. Hint: load the model with "
-                "attn_implementation='sdpa' (or 'eager')."
-            )
+                "attn_implementation='sdpa' (or 'eager').")
         super().bind(model)  # vocab_size, max_positions
-        text_cfg = text_config(cfg)
         # which tree mask each attention layer gets (one for all, or one per layer type)
-        self.window_plan = attention.window_plan(model, text_cfg)
-        self.sliding_window = self.window_plan.window
+        self.window_plan = attention.window_plan(model, text_config(cfg))
         self._sliding = False  # the request's cache has sliding layers (set at the prefill)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -128,16 +101,14 @@ class TransformersVerifier(Verifier):
             why = (
                 "float32 linear layers on the CPU and a torch built with MKL" if not skinny.packed_supported(self._linears)
                 else f"about {need:,.0f} MiB for the packs, within pack_limit_mib "
-                f"({'a quarter of the memory available: ' if limit is None else ''}{room:,.0f} MiB)"
-            )
+                f"({'a quarter of the memory available: ' if limit is None else ''}{room:,.0f} MiB)")
             raise UnsupportedModelError(
                 f"verifier option linear='packed' needs {why}; this model or machine has not. Allowed here: "
                 "'auto', 'stock', 'skinny'. Hint: leave linear='auto', which uses packed weights only where "
-                "they are available and measured faster, or raise pack_limit_mib."
-            )
-        self._forms: dict[int, str] | None = None  # tree size -> form, resolved on the first tree pass ("auto")
+                "they are available and measured faster, or raise pack_limit_mib.")
+        self._forms: dict[int, str] | None = None  # tree size -> form, resolved at the first prefill
         self._head_curve = None  # the cached curve whose head timings size the deferred prefill rows
-        # transformers' causal LMs compute the LM head for the last k positions only when told.
+        # transformers' causal LMs compute the LM head for the last k positions only when told
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         try:
             p = next(model.parameters())
@@ -147,7 +118,7 @@ class TransformersVerifier(Verifier):
         if not self.dtype.is_floating_point:
             self.dtype = torch.float32
         self.device = input_device(model, self.device)
-        # tree passes on the CPU read grouped-query heads in place (verifiers/attention.py)
+        # tree passes on the CPU read grouped-query heads in place
         self._gqa = impl == "sdpa" and self.device.type == "cpu" and self.options.gqa and attention.available()
 
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
@@ -160,10 +131,8 @@ class TransformersVerifier(Verifier):
                 f"window, and prompt + max_new_tokens + draft depth = {total} exceeds it. Allowed: at most "
                 f"{plan.window} positions in all. Hint: shorten the prompt or max_new_tokens, or use a model "
                 "whose forward takes one attention mask per layer type (Gemma-2/3, Qwen2) or whose layers "
-                "are all sliding with one window (Mistral)."
-            )
+                "are all sliding with one window (Mistral).")
 
-    # -------------------------------------------------------------------------------------------
     def _new_cache(self):
         from transformers import DynamicCache
 
@@ -176,23 +145,18 @@ class TransformersVerifier(Verifier):
         return kv_cache.with_headroom(cache) if self.options.headroom else cache
 
     def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, form: str | None = None):
+        """The model's logits (``[positions, vocab]``), its linear layers in ``form`` (None: stock) and, for a
+        tree pass (a mask), grouped heads read in place where enabled; ``keep``: logits of the last positions only."""
         kw = {self._cache_kw: self.cache}
         if keep is not None and self._keep_kw is not None and keep < input_ids.shape[1]:
             kw[self._keep_kw] = keep
-        reroute = bool(form and self._linears)
-        gqa = attention_mask is not None and self._gqa
-        if not (reroute or gqa):  # one-token steps and the prefill: the model as it is
-            return self.model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
-            ).logits[0]
         with contextlib.ExitStack() as scope:
-            if reroute:
+            if form and self._linears:
                 scope.enter_context(skinny.rerouted(self.model, self._linears, form))
-            if gqa:
+            if attention_mask is not None and self._gqa:
                 scope.enter_context(attention.tree_pass())
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
-            )
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, **kw)
         return out.logits[0]
 
     def _form_for(self, n: int) -> str | None:
@@ -206,8 +170,8 @@ class TransformersVerifier(Verifier):
         return self._forms.get(n)
 
     def _resolve_forms(self) -> None:
-        """Each tree size's form, from the cached latency calibration ("auto"); the packed weights
-        are made here, at the prefill, so that no tree pass pays for packing."""
+        """Each tree size's form, from the cached latency calibration ("auto"); the packed weights are made
+        here, at the prefill, so that no tree pass pays for packing."""
         forms: dict[int, str] = {}
         self._head_curve = None
         if self.options.linear == "auto":
@@ -223,12 +187,11 @@ class TransformersVerifier(Verifier):
                     raise UnsupportedModelError(
                         f"the packed weights measured {skinny.pack_estimate(self._linears) / 2**20:,.0f} MiB, over "
                         f"pack_limit_mib ({skinny.pack_limit(self.options.pack_limit_mib) / 2**20:,.0f} MiB); "
-                        "they were dropped. Hint: linear='auto', or raise pack_limit_mib."
-                    )
+                        "they were dropped. Hint: linear='auto', or raise pack_limit_mib.")
                 forms = {k: f for k, f in forms.items() if f != "packed"}  # stock at those sizes
         self._forms = forms
 
-    # -- speed protocol (goose.verifiers.latency): the linear layers' forms, each timed by the calibration ----------------
+    # -- speed protocol (goose.verifiers.latency): the linear layers' forms, each timed by the calibration
     def timing_key(self) -> dict:
         """A curve per kernel setting: stock linears only, grouped heads copied (``gqa=False``), packs beyond the
         memory limit, no stream kernel on this machine; a forced form is calibrated as ``"auto"``."""
@@ -278,10 +241,8 @@ class TransformersVerifier(Verifier):
         return dt
 
     def _linear_info(self) -> dict:
-        """Which form each pass size's linear layers run in, and the memory the forms take beside the
-        weights: the packed weights' (measured as they were made) and the stream form's (none: it reads
-        the weights in their own layout; its per-pass input and output buffers are the size of an
-        ordinary layer's output)."""
+        """Which form each pass size's linear layers run in, and the memory the forms take beside the weights
+        (the packed weights', measured as they were made; the stream form reads the weights as they are)."""
         forms = self._forms or {}
         in_use = "packed" in forms.values() or self.options.linear == "packed"
         mib = round(skinny.packed_bytes(self._linears) / 2**20, 1) if in_use else 0.0
@@ -293,7 +254,6 @@ class TransformersVerifier(Verifier):
             "pack_limit_mib": round(skinny.pack_limit(self.options.pack_limit_mib) / 2**20),
             "stream": streaming,
             "stream_extra_mib": 0.0,
-            # the vector width the kernel was compiled with (512-bit asked for where the CPU has AVX-512)
             "stream_vector_bits": stream.vector_width()["bits"] if streaming else None,
             "stream_kernel": stream.kernel_info().get("kernel") if streaming else None,
             "forms": {str(k): f for k, f in sorted(forms.items())},
@@ -301,12 +261,9 @@ class TransformersVerifier(Verifier):
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor, keep: int | None = None, rule=None) -> Verified:
-        """The prompt in one forward; logits for the last ``keep`` positions only (None: all).
-
-        With ``defer_prefill_rows`` (and a model whose head can be applied apart, see
-        :meth:`_head_parts`) the forward computes the last row only and the returned ``Verified``
-        holds that row; the other ``keep - 1`` rows wait for :meth:`prefill_rows`, which the record's
-        ``rest`` calls (``deferred_prefill`` holds what it needs meanwhile)."""
+        """The prompt in one forward; logits for the last ``keep`` positions only (None: all). With
+        ``defer_prefill_rows`` (and a head that can be applied apart, :meth:`_head_parts`) only the last row is
+        computed; the others wait for :meth:`prefill_rows`, the record's ``rest``."""
         self.timers = {"mask": 0.0, "forward": 0.0, "walk": 0.0, "commit": 0.0, "prefill_forward": 0.0}
         self.deferred_prefill = None
         self._rule = rule  # for the deferred rows' record
@@ -349,9 +306,8 @@ class TransformersVerifier(Verifier):
         return Verified("prefill", ids[0, n - k :], prev, logits, argmax, bonus=first, walk=rule.kind, rest=rest)
 
     def _head_parts(self):
-        """(decoder module, LM head, final logit soft-cap) when the head can be applied to the decoder's
-        output apart from the forward (transformers' ``get_decoder`` / ``get_output_embeddings``); None
-        otherwise, or once a deferred row failed its check on this model."""
+        """(decoder module, LM head, final logit soft-cap) when the head can be applied to the decoder's output
+        apart from the forward; None otherwise, or once a deferred row failed its check on this model."""
         if getattr(self, "_defer_failed", False):
             return None
         m = self.model
@@ -362,16 +318,13 @@ class TransformersVerifier(Verifier):
             return None
         if not isinstance(dec, torch.nn.Module) or not isinstance(head, torch.nn.Module) or dec is m:
             return None
-        cfg = m.config
-        text = text_config(cfg)
-        return dec, head, getattr(text, "final_logit_softcapping", None)
+        return dec, head, getattr(text_config(m.config), "final_logit_softcapping", None)
 
     @torch.inference_mode()
     def prefill_rows(self) -> Verified | None:
-        """The prefill's deferred logit rows (the last ``keep`` prompt positions), computed now; None when
-        none are pending, or when the recomputed last row differs from the prefill's own (the model's head
-        is more than ``get_output_embeddings``, e.g. a logit scale: rows are computed in the prefill from
-        then on, and this request's sources learn from the last row only)."""
+        """The prefill's deferred logit rows (the last ``keep`` prompt positions), computed now; None when none
+        are pending, or when the recomputed last row differs from the prefill's own (the head is more than
+        ``get_output_embeddings``, e.g. a logit scale: rows are computed in the prefill from then on)."""
         pending, self.deferred_prefill = getattr(self, "deferred_prefill", None), None
         if pending is None:
             return None
@@ -395,7 +348,8 @@ class TransformersVerifier(Verifier):
             return None
         self.timers["prefill_logit_rows"] = int(logits.shape[0])
         self.timers["prefill_head_rows"] = rows
-        return Verified("prefill", tokens, prev, logits, top1(logits), bonus=None, walk="greedy" if self._rule is None else self._rule.kind)
+        return Verified("prefill", tokens, prev, logits, top1(logits), bonus=None,
+                        walk="greedy" if self._rule is None else self._rule.kind)
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree, rule=None) -> Verified:
@@ -433,19 +387,15 @@ class TransformersVerifier(Verifier):
         pred = torch.tensor([root_pred, *(toks[p] for p in tree.parents[1:])], dtype=torch.long)
         # the token before the next anchor: the last accepted node's (the anchor is the bonus)
         self.before_root = toks[path[-1]]
-        return Verified(
-            "tree", ids[0], pred, logits, argmax, tree, path, accepted, bonus,
-            walk="greedy" if rule is None else rule.kind,
-        )
+        return Verified("tree", ids[0], pred, logits, argmax, tree, path, accepted, bonus,
+                        walk="greedy" if rule is None else rule.kind)
 
     def tree_mask(self, tree: DraftTree, past: int):
-        """The attention mask of a tree pass over ``past`` committed positions: one 4-D additive mask
-        for every layer or, once a sliding window can cut into the tree's view, a windowed mask for
-        the sliding layers (in a dict keyed by layer type, or alone where every layer is sliding)."""
+        """The attention mask of a tree pass over ``past`` committed positions: one 4-D additive mask for every
+        layer or, once a sliding window can cut into the tree's view, a windowed mask for the sliding layers
+        (in a dict keyed by layer type, or alone where every layer is sliding)."""
         plan = self.window_plan
-        if plan.mode in ("full", "refuse") or past + max(tree.depths) < plan.window:
-            # every node sees every position from 0: the window cuts nothing, and a sliding layer
-            # still holds all ``past`` positions, so the plain tree mask is exact for every layer
+        if plan.mode in ("full", "refuse") or past + max(tree.depths) < plan.window:  # the window cuts nothing
             return tree.attention_mask(past, dtype=self.dtype, device=self.device)
         n = tree.num_nodes
         kv_len, kv_off = self.cache.get_mask_sizes(n, plan.sliding_layer)
@@ -454,8 +404,7 @@ class TransformersVerifier(Verifier):
             raise RuntimeError(
                 f"the sliding cache layer holds positions {int(kv_off)}..{int(kv_off) + held - 1}, not the last "
                 f"ones before {past}: this transformers' DynamicSlidingWindowLayer no longer behaves as Goose's "
-                "commit expects (tests/test_sliding_window.py)"
-            )
+                "commit expects (tests/test_sliding_window.py)")
         windowed = attention.sliding_tree_mask(tree, past, plan.window, held, self.dtype, self.device)
         if plan.mode == "single":
             return windowed
@@ -463,10 +412,9 @@ class TransformersVerifier(Verifier):
         return {t: (windowed if t == attention.SLIDING else full) for t in plan.types}
 
     def commit(self, past: int, path: tuple[int, ...], num_nodes: int) -> None:
-        """Keep the cache rows of the accepted nodes (root first) in contiguous slots, drop the rest.
-
-        In each layer the pass's rows begin after the positions the layer held before it: ``past``
-        in a full layer, at most ``window - 1`` in a sliding one (verifiers/cache.py)."""
+        """Keep the cache rows of the accepted nodes (root first) in contiguous slots, drop the rest. In each
+        layer the pass's rows begin after the positions it held: ``past`` in a full layer, at most
+        ``window - 1`` in a sliding one."""
         k = len(path)
         if path[-1] != k - 1:  # not a prefix of the layout: gather first
             src: dict = {}  # one index tensor per (device, first row of the pass)
@@ -478,10 +426,7 @@ class TransformersVerifier(Verifier):
                 layer.keys[:, :, start + 1 : start + k] = layer.keys.index_select(2, idx)
                 layer.values[:, :, start + 1 : start + k] = layer.values.index_select(2, idx)
         remove = num_nodes - k
-        if remove > 0 or self._sliding:
-            # A negative argument removes that many trailing entries (the form both the old and the
-            # current transformers cache APIs accept); sliding layers then keep their last
-            # window - 1 positions (all that crop(0) does).
+        if remove > 0 or self._sliding:  # sliding layers then keep their last window - 1 positions
             self.cache.crop(-remove)
 
     def end(self) -> None:
@@ -495,11 +440,8 @@ class TransformersVerifier(Verifier):
 
 @contextlib.contextmanager
 def final_hidden(decoder: torch.nn.Module, k: int):
-    """Within the block, the last ``k`` rows of each output of ``decoder`` (its final hidden states, after
-    the final norm) run by **this thread**, appended to the list yielded.
-
-    The hook sits on a module that every thread sharing the model runs through, so a concurrent call's
-    passes (a tree of 5 nodes beside this prompt of 200) reach it too; it keeps this thread's only."""
+    """Within the block, the last ``k`` rows of each output of ``decoder`` (its final hidden states) run by
+    **this thread**, appended to the list yielded (threads sharing the model run through the same hook)."""
     held: list[torch.Tensor] = []
     me = threading.get_ident()
 
@@ -517,9 +459,8 @@ def final_hidden(decoder: torch.nn.Module, k: int):
 
 
 def input_device(model, default: torch.device) -> torch.device:
-    """Where the model takes its input ids: the input embedding's device, or, for a model
-    dispatched by accelerate with the embedding offloaded (its weight on ``meta``), the execution
-    device of accelerate's hook on it. A model on ``meta`` with no such hook cannot run."""
+    """Where the model takes its input ids: the input embedding's device, or, for a model dispatched by
+    accelerate with the embedding offloaded (on ``meta``), the execution device of accelerate's hook on it."""
     emb = None
     try:
         emb = model.get_input_embeddings()
@@ -531,26 +472,20 @@ def input_device(model, default: torch.device) -> torch.device:
         for mod in (emb, model):
             hook = getattr(mod, "_hf_hook", None)
             ex = getattr(hook, "execution_device", None)
-            if ex is not None:
-                ex = torch.device(ex) if not isinstance(ex, torch.device) else ex
-                if isinstance(ex, torch.device) and ex.type != "meta":
-                    return ex
+            if ex is not None and torch.device(ex).type != "meta":
+                return torch.device(ex)
         raise UnsupportedModelError(
             f"model {type(model).__name__} has its weights on the 'meta' device and no accelerate hook "
             "that loads them (input embedding on 'meta', no execution device): it cannot run a forward. "
             "Allowed: weights on a real device, or dispatched by accelerate (from_pretrained(device_map=..., "
             "offload_folder=...) or accelerate.dispatch_model). Hint: load the weights, e.g. "
-            "from_pretrained(path) or model.to_empty(device='cpu') followed by loading a state dict."
-        )
+            "from_pretrained(path) or model.to_empty(device='cpu') followed by loading a state dict.")
     return dev
 
 
 def top1(logits: torch.Tensor) -> tuple[int, ...]:
-    """Each row's argmax (first index among equal maxima, as ``argmax`` and transformers' greedy).
-
-    Computed as ``max(-1).indices``: the same indices as ``argmax`` (ties, NaN and infinities included;
-    tests/test_verifier.py), faster on CPU for wide float32 rows, and far faster than ``argmax``'s bfloat16 path.
-    """
+    """Each row's argmax (first index among equal maxima), as ``max(-1).indices``: the same indices as
+    ``argmax`` (ties, NaN and infinities included), and faster on CPU, bfloat16 most of all."""
     return tuple(logits.max(-1).indices.tolist())
 
 
@@ -574,8 +509,7 @@ def _layers(cache):
     if layers is None or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
         raise UnsupportedModelError(
             f"cache type {type(cache).__name__} exposes no per-layer keys/values; Goose needs a "
-            "transformers DynamicCache (transformers >= 5)."
-        )
+            "transformers DynamicCache (transformers >= 5).")
     return layers
 
 

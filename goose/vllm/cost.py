@@ -1,52 +1,47 @@
 """The engine step's measured cost, which the proposer's plan prices drafted rows with (:class:`StepCost`), and
-the small numerics behind it: a 3 x 3 least squares in closed form, and pooling to a non-decreasing curve."""
+the small numerics behind it: a 3 x 3 least squares in closed form, and pooling to a non-decreasing curve.
+
+Plain Python floats throughout, not numpy: this runs once a step between the engine's forward passes, where
+numpy's per-call overhead on a few numbers exceeds the arithmetic (docs/vllm.md, "Its own time")."""
 
 from __future__ import annotations
 
 from math import acos, cos, log, pi, sqrt
 
+
 class StepCost:
-    """The engine step's time as a function of the decoding requests in it and the drafted rows it verifies,
-    measured as the engine runs it: each ``propose`` call ends the step the previous call's drafts went into,
-    and the time between the calls is that step's (forward, sampling, rejection sampler, scheduler, and this
-    proposer's own ``propose``). Old steps are decayed, so the estimates follow the load. A step that carried
-    prompt tokens (a request joining, a chunk of its prompt, or its last chunk, the step that samples its first
-    token) is not counted: its time is the prompt's, which the rows do not predict.
+    """The engine step's time against its decoding requests and drafted rows, measured as the engine runs: each
+    ``propose`` call ends the step the previous call's drafts went into. Old steps are decayed; a step that
+    carried prompt tokens is not counted (its time is the prompt's). Requests and drafted rows are priced apart,
+    since a request's row costs more than a drafted row (docs/vllm.md, "The step cost").
 
-    Requests and drafted rows are priced apart because a request's row costs more than a drafted row (its own
-    attention over its context, its sampling, the scheduler's and the output's per-request work): read by rows
-    alone, the slope between batch sizes would be charged to every drafted row.
-
-    - per bucket of decoding requests (exact up to 8, then a quarter wider each) and of drafted rows (the same
-      bucketing), the decayed mean step time, requests and drafted rows;
-    - a decayed least-squares plane ``a + b_req * requests + b_row * drafted`` over every step, and a line
-      ``a + b * rows`` (rows: requests plus drafted), for what no bucket has seen.
-
-    :meth:`cost` for ``requests`` decoding requests reads the buckets of their request bucket (of every request
-    bucket while that one has none), each bucket's time moved to ``requests`` along the plane's ``b_req``; those
-    points, by drafted rows, are made non-decreasing (adjacent points that disagree are pooled, weighted by their
-    steps) and interpolated, extrapolated past the most drafted rows along ``b_row`` (the line's slope while the
-    plane cannot be read; in proportion to the rows while neither can) and below the fewest along it too (at
-    most that point's time). Without ``requests`` it reads every bucket by rows, as a curve of rows alone."""
+    Kept: per (request bucket, drafted-rows bucket) the decayed mean time, requests and drafted rows; a decayed
+    least-squares plane ``a + b_req * requests + b_row * drafted``; and a line ``a + b * rows`` (rows: requests
+    plus drafted). :meth:`cost` at ``requests`` reads its request bucket's points (every bucket's while it has
+    none), each moved to ``requests`` along ``b_req``, made non-decreasing over drafted rows and interpolated;
+    past the last point along ``b_row`` (at least the points' chord; the line's slope while the plane cannot be
+    read; in proportion to the rows while neither can), below the first along it too (at most the first point's
+    time). Without ``requests`` every bucket is read by rows."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 8, outlier_factor: float = 3.0):
         self.decay, self.min_steps, self.outlier_factor = decay, min_steps, outlier_factor
-        # plain Python floats here and in what reads them: this runs once a step between the engine's forward passes,
-        # where numpy's calls on a few numbers cost more than the arithmetic (its code cold after the forward)
         self.s = [0.0] * 6  # rows line: sum w, w*x, w*x^2, w*y, w*x*y, w*tokens
         self.p = [[0.0] * 4 for _ in range(4)]  # plane: decayed sum of v v^T with v = (1, requests, drafted, seconds)
         self.steps = 0
         # (request bucket, drafted-rows bucket) -> decayed [weight, sum of seconds, sum of requests, sum of drafted]
         self.buckets: dict[tuple[int, int], list[float]] = {}
         self._last: tuple[float, int, int] | None = None
-        self._spans: dict = {}  # costs by requests: (first rows, [cost of each rows from there]), until the next step
-        self._curves: dict = {}  # the pooled curve by requests (None: by rows), until the next step
-        self._plane: tuple | None | bool = False  # the plane, until the next step (False: not solved yet)
+        # until the next step: costs by requests (first rows, [cost of each rows from there]), the pooled curve by
+        # requests (None: by rows), and the plane (False: not solved yet)
+        self._spans: dict = {}
+        self._curves: dict = {}
+        self._plane: tuple | None | bool = False
         self.skipped = 0  # steps not counted because they carried prompt tokens
         self.outliers = 0  # steps not counted because they took more than outlier_factor times the measured cost
 
     @staticmethod
     def bucket(n: int) -> int:
+        """Exact up to 8, then a quarter wider each."""
         return n if n <= 8 else 8 + int(log(n / 8.0) / log(1.25))
 
     def step(self, now: float, rows: int, tokens_now: int, left: int = 0, prompt: bool = False,
@@ -70,17 +65,12 @@ class StepCost:
         self.s = [d * a + b for a, b in zip(self.s, (1.0, x, x * x, dt, x * dt, float(tokens_now)))]
         v = (1.0, n, m, dt)
         self.p = [[d * a + vi * vj for a, vj in zip(row, v)] for row, vi in zip(self.p, v)]
-        for k in list(self.buckets):
-            e = self.buckets[k]
-            for j in range(4):
-                e[j] *= self.decay
+        for k, e in list(self.buckets.items()):
+            e[:] = [d * x for x in e]
             if e[0] < 1e-4:  # decayed away (read only above 0.05): dropped, so the loop stays as long as the load's buckets
                 del self.buckets[k]
         e = self.buckets.setdefault((self.bucket(int(n)), self.bucket(int(m))), [0.0, 0.0, 0.0, 0.0])
-        e[0] += 1.0
-        e[1] += dt
-        e[2] += n
-        e[3] += m
+        e[:] = [a + b for a, b in zip(e, (1.0, dt, n, m))]
         self.steps += 1
         self._spans.clear()
         self._curves.clear()
@@ -90,11 +80,10 @@ class StepCost:
         return self.steps >= self.min_steps
 
     def outlier(self, seconds: float, rows: int, requests: int) -> bool:
-        """Whether a step of ``rows`` rows (``requests`` of them requests') that took ``seconds`` is too slow to be
-        one (more than ``outlier_factor`` times the measured cost): a pause, a kernel built the first time a row
-        count is seen, a prompt the rows did not show: counted, one such step would raise its bucket's mean, and
-        every cost read from it, several times over. Only where steps of that many requests have been measured: a batch size not seen yet is priced from other sizes, and a
-        batch far costlier than that guess would have had every one of its steps left out, and stayed unmeasured."""
+        """Whether a step of ``rows`` rows (``requests`` of them requests') that took ``seconds`` is over
+        ``outlier_factor`` times the measured cost (a pause, a kernel built for a new row count): counted, it
+        would raise every cost read from its bucket. Judged only once steps of that request bucket were
+        measured, or a batch far costlier than the guess from other sizes would never be measured."""
         if not self.ready():
             return False
         rb = self.bucket(requests)
@@ -109,7 +98,7 @@ class StepCost:
         return 0.0 if e is None else e[0]
 
     def fit(self) -> tuple[float, float] | None:
-        """(a, b) in seconds of the line over rows, or None while unmeasured or degenerate."""
+        """(a, b) in seconds of the line over rows, b at least 0; None while unmeasured or degenerate."""
         w, sx, sxx, sy, sxy, _ = self.s
         if self.steps < self.min_steps:
             return None
@@ -123,16 +112,9 @@ class StepCost:
     def plane(self) -> tuple[float, float, float] | None:
         """(a, b_req, b_row) in seconds, slopes at least 0; None while unmeasured, or while the steps do not
         vary in both requests and drafted rows."""
-        if self._plane is not False:
-            return self._plane
-        self._plane = None
-        if self.steps < self.min_steps:
-            return None
-        beta = solve_normal3(self.p, max_cond=1e6)
-        if beta is None:
-            return None
-        a, b_req, b_row = beta
-        self._plane = (float(a), float(max(b_req, 0.0)), float(max(b_row, 0.0)))
+        if self._plane is False:
+            beta = solve_normal3(self.p, max_cond=1e6) if self.steps >= self.min_steps else None
+            self._plane = None if beta is None else (float(beta[0]), float(max(beta[1], 0.0)), float(max(beta[2], 0.0)))
         return self._plane
 
     def _points(self, requests: int | None) -> list[tuple[float, float, float]]:
@@ -152,18 +134,14 @@ class StepCost:
 
     def curve(self, requests: int | None = None) -> list[tuple[float, float]]:
         """``[(x, seconds), ...]`` by x (drafted rows at ``requests`` requests; rows while None), made
-        non-decreasing: a point slower than the next is pooled with it (pool-adjacent-violators, weighted by
-        the buckets' decayed steps; points at the same x pooled too)."""
-        key = requests
-        if key in self._curves:
-            return self._curves[key]
-        out = self._curves[key] = pool_non_decreasing(self._points(requests)) if self.buckets else []
-        return out
+        non-decreasing by :func:`pool_non_decreasing` (weighted by the buckets' decayed steps)."""
+        if requests not in self._curves:
+            self._curves[requests] = pool_non_decreasing(self._points(requests)) if self.buckets else []
+        return self._curves[requests]
 
     def costs(self, lo: int, hi: int, requests: int | None = None) -> list[float]:
-        """``[cost(rows, requests) for rows in lo..hi]`` at once (call once :meth:`ready`). Worked out once a step
-        per ``requests`` and kept (a call to ``propose`` reads the cost of one batch size four or five times), over
-        the span asked for so far."""
+        """``[cost(rows, requests) for rows in lo..hi]`` (call once :meth:`ready`), kept until the next step per
+        ``requests`` over the span asked for so far (a call to ``propose`` reads one batch size several times)."""
         span = self._spans.get(requests)
         if span is None or lo < span[0] or hi >= span[0] + len(span[1]):
             lo0, hi0 = (lo, hi) if span is None else (min(lo, span[0]), max(hi, span[0] + len(span[1]) - 1))
@@ -171,8 +149,7 @@ class StepCost:
         return span[1][lo - span[0] : hi - span[0] + 1]
 
     def _costs(self, lo: int, hi: int, requests: int | None) -> list[float]:
-        """As :meth:`costs`, worked out. Plain Python, not numpy: a plan reads a few dozen to a few hundred
-        rows, and numpy's per-call overhead on arrays that small is larger than the work."""
+        """As :meth:`costs`, worked out."""
         xs, ys = ([float(x) for x in v] for v in zip(*self.curve(requests)))
         slope = self._slope(requests)
         if requests is not None and xs[-1] - xs[0] >= 2.0:  # past the most drafted rows measured at this batch size,
@@ -219,19 +196,19 @@ class StepCost:
     def table(self) -> dict:
         """``{requests: {drafted rows: mean ms}}`` of the buckets measured, for the stats."""
         out: dict = {}
-        for (_, _), e in sorted(self.buckets.items()):
+        for _, e in sorted(self.buckets.items()):
             if e[0] > 0.05:
                 out.setdefault(round(e[2] / e[0], 1), {})[round(e[3] / e[0], 1)] = round(1e3 * e[1] / e[0], 2)
         return out
 
     def min_reach(self, default: float) -> float:
-        """A drafted token pays when its probability of being accepted, per second of its cost,
-        beats the tokens per second the steps now give: reach >= b * tokens / time (the linear view; the
-        proposer plans with :meth:`cost`)."""
+        """The reach a drafted token needs to pay in the linear view: ``b * tokens / time`` (its acceptance per
+        second of its cost against the tokens per second the steps give), within [0.02, 0.95]; ``default``
+        while the line cannot be read. The proposer plans with :meth:`cost` instead."""
         f = self.fit()
         if f is None:
             return default
-        w, _, _, sy, _, tok = self.s
+        _, _, _, sy, _, tok = self.s
         if sy <= 0 or tok <= 0:
             return default
         return float(min(0.95, max(0.02, f[1] * tok / sy)))
@@ -245,9 +222,7 @@ def _det3(m) -> float:
 def solve_normal3(p: list[list[float]], max_cond: float) -> tuple[float, float, float] | None:
     """Least squares from the normal equations ``p[:3][:3] beta = p[:3][3]`` (``p``: the decayed sums of ``v v^T``,
     ``v = (x0, x1, x2, y)``), or None where the matrix, scaled to a unit diagonal, has a condition number above
-    ``max_cond``. In plain Python, not numpy's LAPACK: this runs once a step between the engine's forward passes,
-    where numpy's call overhead (its code cold after the forward) is far more than these few dozen float
-    operations."""
+    ``max_cond``."""
     sc = [sqrt(p[i][i]) + 1e-12 for i in range(3)]
     m = [[p[i][j] / (sc[i] * sc[j]) for j in range(3)] for i in range(3)]
     y = [p[i][3] / sc[i] for i in range(3)]

@@ -1,9 +1,4 @@
-"""What the vLLM proposer can be told: :class:`ProposerOptions`, a ``goose.Options`` model (unknown fields, a
-string for a number or a bool, a rate outside [0, 1] are refused with what is allowed).
-
-Given as ``Proposer(vllm_config, options={...})``, or, for the proposer vLLM builds in its worker, as a JSON
-object in ``$GOOSE_VLLM_OPTIONS`` (its sources also as ``$GOOSE_VLLM_SOURCES``). docs/options.md lists them.
-"""
+"""The vLLM proposer's options (:class:`ProposerOptions`, listed in docs/options.md) and its internal tuning."""
 
 from __future__ import annotations
 
@@ -12,7 +7,6 @@ from pydantic import Field, field_validator
 from goose.interfaces import Options
 
 TIER_FLOORS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
-# the proposer's internal tuning
 PRIOR, PRIOR_WEIGHT = 0.5, 2.0  # a source token's acceptance before it is measured, and its pseudo-observations
 START_REACH = 0.3  # the reach below which nothing is drafted before the step cost is measured
 REQUEST_WEIGHT = 2.0  # expected tokens of prior weight on a request's own acceptance factor
@@ -26,7 +20,7 @@ MAY_PAY_EVERY = 4  # steps between two workings-out of whether any draft could p
 
 
 class ProposerOptions(Options):
-    """The vLLM proposer's options (goose.vllm.Proposer)."""
+    """The vLLM proposer's options (goose.vllm.Proposer); a bad value is refused with what is allowed."""
 
     sources: str | list = Field(
         "pld+suffix+tr", description="the draft sources: a method spec's sources ('pld{max_chain=32}+suffix+tr') or a "

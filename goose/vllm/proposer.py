@@ -1,7 +1,7 @@
 """The proposer vLLM calls (``custom_class``): per request, its own copies of the sources; per step, every
 request's chains merged (:mod:`goose.policies.chains`), priced against the engine's measured step cost
-(:mod:`goose.vllm.cost`) and planned for the whole batch (:meth:`Proposer.plan`). Its options:
-:class:`goose.vllm.options.ProposerOptions`."""
+(:mod:`goose.vllm.cost`) and planned for the whole batch (:meth:`Proposer.plan`). docs/vllm.md explains each
+decision ("How it decides what to draft")."""
 
 from __future__ import annotations
 
@@ -53,17 +53,19 @@ class _Live:
     prefilling: bool = False  # its prompt is computed in chunks; the step that samples its first token runs the last
     rows: int = 0  # rows this request was counted for in the step its last draft went into (0: none)
     expect: float = 0.0  # the sources' expected accepted tokens of what was drafted last call (their reach)
-    expected: float = 0.0  # summed over this request's drafts so far, and what was accepted of them
-    accepted: float = 0.0
+    expected: float = 0.0  # expect summed over this request's drafts so far
+    accepted: float = 0.0  # what was accepted of them
 
     def factor(self, weight: float, prior: float = 1.0) -> float:
         """This request's accepted tokens over what the sources' rates expected of its drafts, shrunk toward
-        ``prior`` by ``weight`` expected tokens (a sampled request, or a prompt drafts fit badly, reads below 1)."""
+        ``prior`` by ``weight`` expected tokens; at most 2."""
         return min(2.0, shrunk(self.accepted, self.expected, prior, weight))
 
 
 class Proposer:
-    """vLLM ``custom_class`` proposer drafting with Goose's sources (see the module docstring)."""
+    """vLLM ``custom_class`` proposer drafting with Goose's sources. vLLM gives no request ids: each batch row
+    is matched to the request state whose known tokens it extends (:func:`_claim`); a state no row extends has
+    left and is freed; a preempted request that comes back starts anew."""
 
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
@@ -89,23 +91,21 @@ class Proposer:
                 self.rates.set_tiers(s.name, [(f, PRIOR, PRIOR) for f in o.tier_floors])
         self.live: dict[int, _Live] = {}  # by batch row
         self.cost = StepCost()
-        self.counts = {"steps": 0, "drafted": 0, "accepted": 0, "requests": 0, "freed": 0, "rematched": 0}
-        self.propose_s = 0.0  # seconds spent in propose, in all, and the longest call
-        self.propose_max_s = 0.0
+        # rested / rests: steps rested, rests begun; probes: steps left undrafted (see _open_step); idle / unpaid:
+        # steps the sources were not asked (see _whether_to_ask)
+        self.counts = {"steps": 0, "drafted": 0, "accepted": 0, "requests": 0, "freed": 0, "rematched": 0,
+                       "rested": 0, "rests": 0, "probes": 0, "idle": 0, "unpaid": 0}
+        self.propose_s = self.propose_max_s = 0.0  # seconds spent in propose, in all, and the longest call
         self.resting = 0  # steps left to rest
         self.recent = [0.0, 0.0]  # accepted tokens and what was expected of the drafts, decayed a step
         self._prior = 1.0  # recent_factor() as this step's call read it
         self._rest_n = 0  # decoding requests when the rest began
-        # per bucket of decoding requests (StepCost.bucket): steps booked in the current window, the seconds they saved
-        # (measured), and how long the next rest lasts (doubling while drafting keeps not paying); see _weigh
+        # per bucket of decoding requests (StepCost.bucket): steps booked in the current window, the seconds they
+        # saved, and how long the next rest lasts (see _weigh)
         self.ledgers: dict[int, list] = {}
         self._planned: tuple | None = None  # (time, decoding requests, drafted rows, drafting seconds) of the last plan
-        self.counts["rested"] = self.counts["rests"] = 0  # steps rested, and rests begun
-        self.counts["probes"] = 0  # steps left undrafted to measure the cost of a step without drafts
-        self.counts["idle"] = 0  # steps the sources were not asked: no chain they could offer would pay
-        self.counts["unpaid"] = 0  # steps the sources were not asked: asking them took more than the plans saved
         # per bucket of decoding requests: decayed [weight, seconds the plans after asking expected to save,
-        # seconds asking took, steps since the last ask]; see _worth_asking
+        # seconds asking took, steps since the last ask] (see _worth_asking)
         self.asks: dict[int, list[float]] = {}
         self._may: dict[int, tuple[int, bool]] = {}  # bucket of decoding requests -> (step, whether a draft may pay)
         self.trace_path = os.environ.get(ENV_TRACE) or None
@@ -116,17 +116,13 @@ class Proposer:
     @staticmethod
     def instances() -> list[Proposer]:
         """The proposers built in this process (vLLM builds one per engine, in its worker: the calling process
-        with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and a single CPU worker)."""
+        with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
         return list(_INSTANCES)
 
     def forget(self) -> None:
-        """Forget what the sources learned across requests (``suffix``'s history of earlier generations):
-        requests that start from now on are drafted as in a fresh engine. The measured acceptance rates and
-        step costs are kept (they are statistics of the engine, not text). A benchmark calls it between
-        phases, so no prompt is drafted from its own answer in an earlier phase. The recycled table is
-        emptied too (the target's predictions after each token: replayed, they write a prompt's answer
-        again); the model stays attached."""
-        self.pristine = [s for s in build_sources(self._spec) if s.name != RECYCLING]
+        """Forget what the sources learned across requests (``suffix``'s history, the recycled table); the
+        measured rates and step costs are kept, and the model stays attached."""
+        self.pristine, _ = self._build()
         if self.recycler is not None:
             self.recycler.clear()
 
@@ -137,10 +133,9 @@ class Proposer:
         rec = None if tr is None else Recycler(tr.options.bigram, self.vocab_size)
         return [s for s in built if s.name != RECYCLING], rec
 
-    # -- vLLM's interface ------------------------------------------------------------------------
     def load_model(self, model=None, *args, **kwargs) -> None:
         """vLLM's runner calls this with the target model: with ``tr`` among the sources, its
-        ``compute_logits`` is wrapped so the Recycler reads each step's rows (goose/vllm/recycle.py)."""
+        ``compute_logits`` is wrapped so the Recycler reads each step's rows."""
         if self.recycler is not None and model is not None and not self.recycler.attach(model):
             import warnings
 
@@ -176,10 +171,9 @@ class Proposer:
         return out
 
     def _open_step(self, now: float, decoding, tokens_now: int, unusual: bool) -> tuple[bool, bool, bool]:
-        """What the step just run says, before this step is drafted: the recent factor, what the last plan gave,
-        and whether a rest ends. ``(resting, priced, probe)``: whether the sources rest this step, whether the plan
-        reads the measured cost, and whether this step is a probe (nothing drafted, so that a step of as many
-        requests without drafts stays measured: the baseline drafted rows are weighed against)."""
+        """Book what the step just run says; ``(resting, priced, probe)``: whether the sources rest this step,
+        whether the plan reads the measured cost, and whether this step drafts nothing to keep a step without
+        drafts measured."""
         self._prior = self.recent_factor()
         self.recent[0] *= self.options.recent_decay
         self.recent[1] *= self.options.recent_decay
@@ -210,10 +204,10 @@ class Proposer:
                          int(unusual), int(resting)))
 
     def _rows(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
-        """The batch's rows matched to the requests they extend (new requests started, the ones that left
-        freed): ``(pending, prompt, left, left_requests)``, ``pending`` one ``(row, state, tokens)`` per live
-        request, ``prompt`` whether the step just run carried prompt tokens, ``left`` / ``left_requests`` the rows
-        (and requests) counted for that step whose request left before it ran."""
+        """Match the rows to requests (new ones started, those that left freed) and harvest the recycler's rows:
+        ``(pending, prompt, left, left_requests)``, ``pending`` one ``(row, state, tokens)`` per live request,
+        ``prompt`` whether the step just run carried prompt tokens, ``left`` / ``left_requests`` the rows and
+        requests counted for that step whose request left before it ran."""
         rows = len(sampled_token_ids)
         toks_np = token_ids_cpu.numpy() if hasattr(token_ids_cpu, "numpy") else np.asarray(token_ids_cpu)
         nts = np.asarray(num_tokens_no_spec).reshape(-1)
@@ -251,9 +245,9 @@ class Proposer:
         return pending, prompt, left, left_requests
 
     def _book_last(self, pending, sampled_token_ids):
-        """Every request's last draft booked against the tokens the target sampled, before any is drafted (the
-        rates then stay put for the step: their memo holds); ``(decoding, tokens_now)``: the ``(row, state)`` of
-        each request decoding this step, and the tokens the step just run committed."""
+        """Book every request's last draft against the tokens the target sampled, before any is drafted (so the
+        rates' memo holds for the step); ``(decoding, tokens_now)``: the ``(row, state)`` of each request decoding
+        this step, and the tokens the step just run committed."""
         decoding, tokens_now = [], 0
         for i, st, row in pending:
             sampled = [int(t) for t in sampled_token_ids[i]]
@@ -281,7 +275,6 @@ class Proposer:
         """``(ask, idle)``: whether the sources are asked this step (not while resting or probing, ``held``), and
         whether they are left idle because asking has not paid at this batch size (``unpaid``) or nothing they
         could offer pays at its measured cost."""
-        # unpaid: at this batch size asking the sources has taken more than the plans after it expected to save
         unpaid = not held and priced and not self._worth_asking(len(decoding))
         self.counts["unpaid"] += unpaid
         idle = not (held or unpaid) and priced and not self._may_pay([st for _, st in decoding])
@@ -303,13 +296,8 @@ class Proposer:
         return out, rows_verified
 
     def _trace(self, entry: tuple) -> None:
-        """Append this call to the trace: (decoding requests, rows planned, propose ms, the call's clock in ms,
-        tokens the step just run committed, whether that step ran a prompt or lost a request, whether this call
-        rested). The trace file is JSON lines, appended every 20 calls (one array per call) and every 200 with a
-        ``{"stats": ...}`` line (:meth:`stats`); appended, not rewritten, so writing it stays as cheap at the
-        thousandth step as at the first (it runs between the engine's steps)."""
-        import json
-
+        """Append this call's ``entry`` to the trace; the file is JSON lines, appended every 20 calls (one array
+        per call) and every 200 with a ``{"stats": ...}`` line (:meth:`stats`)."""
         self.trace.append(entry)
         self._traced += 1
         if self._traced % 20 == 0:
@@ -321,22 +309,14 @@ class Proposer:
 
     def _weigh(self, now: float, tokens: int, skip: bool) -> None:
         """Book the step the last plan went into, now that it has run (``tokens`` committed in it), in the ledger
-        of its batch size (its decoding requests, bucketed). A step that verified drafts books what it **saved**:
-        the time its tokens would have taken at the measured cost of a step of as many requests without drafts,
-        less the time it took (which includes asking the sources and planning); a step whose plan drafted nothing
-        books the seconds asking and planning took, as a loss. Not booked (``skip``): a step that ran a prompt or
-        that a request left (its time or its tokens are not the plan's).
+        of its batch size. A step that verified drafts books what it saved (its tokens' time at the measured
+        cost of a step without drafts, less the time it took); a step whose plan drafted nothing books the
+        asking and planning time as a loss. Not booked (``skip``): a step that ran a prompt or lost a request.
 
-        Every ``rest_window`` booked steps the window is judged and a new one begins: where it saved less than
-        nothing the sources rest (each rest twice as long as that ledger's last while its windows keep saving
-        nothing); where it saved, the next rest is short again. A window that has already lost ``rest_early``
-        steps' time is judged at once (where requests join or leave on most steps, which are not booked, a window
-        fills slowly). A window's plain sum, not a decayed one, because what drafting saves is lumpy: most
-        drafting steps accept nothing and lose a little, a few accept several tokens and save much; a decayed sum
-        goes negative between those where drafting pays on average. Booked from what happened, not from what
-        the plan expected: a plan priced on a wrong cost, or on rates a batch does not reach, shows in its steps'
-        times and tokens. A ledger per batch size, because what drafting is worth depends on it: what paid at 16
-        requests says nothing of 32."""
+        Every ``REST_WINDOW`` booked steps, or once the window has lost ``REST_EARLY`` steps' time, the window's
+        plain sum is judged (a decayed one goes negative between the lumpy steps that pay): below 0 the sources
+        rest, each rest twice as long as that ledger's last while its windows keep losing; else the next rest is
+        short again. Booked from what happened, not from what the plan expected."""
         t0, n, drafted, drafting = self._planned
         self._planned = None
         if skip or not self.cost.ready() or self.cost.outlier(now - t0, n + drafted, n):
@@ -358,9 +338,7 @@ class Proposer:
     def _worth_asking(self, n: int) -> bool:
         """Whether to ask the sources on a step of ``n`` decoding requests: while fewer than 3 asks have been
         measured at this batch size, or the plans after asking expected to save more than asking took (decayed
-        means, :meth:`_book_ask`); else on one step in ``ask_every``, so both stay measured. At a large batch
-        asking the sources can take about what the few rows it leads to save: asked on every step, the proposer
-        would then cost more than it gains."""
+        means, :meth:`_book_ask`); else on one step in ``ASK_EVERY``, so both stay measured."""
         a = self.asks.get(StepCost.bucket(n))
         if a is None or a[0] < 3.0 or a[1] > a[2]:
             return True
@@ -371,9 +349,8 @@ class Proposer:
         return False
 
     def _book_ask(self, n: int, reaches: Sequence[Sequence[float]], counts: Sequence[int], seconds: float) -> None:
-        """Book a step whose sources were asked: what its plan expects to save (the accepted drafts' time at the
-        measured cost of a step of ``n`` requests without drafts, less what the drafted rows add to the step; 0
-        when nothing is drafted) against ``seconds``, the time asking and planning took."""
+        """Book a step whose sources were asked: what its plan expects to save (the accepted drafts' time at a
+        step's cost without drafts, less what the drafted rows add) against ``seconds`` asking and planning took."""
         rows = sum(counts)
         saving = 0.0
         if rows:
@@ -385,41 +362,33 @@ class Proposer:
         a[0], a[1], a[2], a[3] = d * a[0] + 1.0, d * a[1] + saving, d * a[2] + seconds, 0
 
     def _may_pay(self, decoding: Sequence[_Live]) -> bool:
-        """Whether any draft could pay this step: :meth:`plan` over the best chains the measured rates allow,
-        every request offered the likeliest reach of any source and tier at each depth (lifted by the largest
-        request factor, as :meth:`_scaled` lifts it). When even those draft nothing, what the sources would
-        offer cannot pay either, and asking them is skipped. The answer is kept ``may_pay_every`` steps per batch
-        size (bucket of decoding requests): it changes slowly, and working it out is a plan over every request."""
+        """Whether any draft could pay this step: :meth:`plan` over the best chains the measured rates allow
+        (every request offered the likeliest reach of any source and tier at each depth, lifted by the largest
+        request factor). Kept ``MAY_PAY_EVERY`` steps per batch size bucket."""
         b = StepCost.bucket(len(decoding))
         kept = self._may.get(b)
         if kept is not None and self.counts["steps"] - kept[0] < MAY_PAY_EVERY:
             return kept[1]
         keys = list(self.rates.trials) or [(RECYCLING, 0.0)]
         best = [max(col) for col in zip(*(self.reach(key, self.k) for key in keys))]
-        f = max(st.factor(REQUEST_WEIGHT, self._prior) for st in decoding)
-        if f > 1.0:
-            best = [min(max(r, 0.98), r * f) for r in best]
+        best = _lifted(best, max(1.0, *(st.factor(REQUEST_WEIGHT, self._prior) for st in decoding)))
         out = any(self.plan([best] * len(decoding)))
         self._may[b] = (self.counts["steps"], out)
         return out
 
     def plan(self, reaches: Sequence[Sequence[float]]) -> list[int]:
-        """How many tokens each decoding request drafts this step, from each chain's reach (P(right through
-        depth d), non-increasing): the tokens are taken likeliest first across the batch, and the count
-        kept is the one that maximises ``(requests + sum of the reaches taken) / cost(requests + taken)``,
-        the batch's expected committed tokens per second (0 when none pays). With a fixed ``min_reach``, or
-        before the step cost has been measured, a token is drafted while its reach is at least that floor
-        (``start_reach`` before the measurement)."""
+        """How many tokens each decoding request drafts, from each chain's reach (P(right through depth d)): the
+        tokens taken likeliest first across the batch, as many as maximise the expected committed tokens per
+        second ``(requests + sum of the reaches taken) / cost(requests + taken)``. With a fixed ``min_reach``, or
+        before the step cost is measured, each drafts while its reach is at least that floor (or ``START_REACH``)."""
         n = len(reaches)
         if self.options.min_reach is not None or not self.cost.ready():
             floor = self.options.min_reach if self.options.min_reach is not None else START_REACH
             return [next((d for d, r in enumerate(reach) if r < floor), len(reach)) for reach in reaches]
-        lens = [len(reach) for reach in reaches]
-        total = sum(lens)
+        total = sum(len(reach) for reach in reaches)
         if not total:  # nothing offered: nothing to price
             return [0] * n
-        # likeliest first; ties: shallower, then the earlier request. Plain Python: at most a few hundred tokens, and
-        # numpy's calls on arrays this small cost more than the work (several times more between forward passes)
+        # likeliest first; ties: shallower, then the earlier request (plain Python: see goose/vllm/cost.py)
         order = sorted((-float(r), d, i) for i, reach in enumerate(reaches) for d, r in enumerate(reach))
         costs = self.cost.costs(n, n + total, n)
         best_k, best_g, taken = 0, n / costs[0], 0.0
@@ -433,23 +402,15 @@ class Proposer:
             counts[i] = max(counts[i], d + 1)
         return counts
 
-    # -- per request -----------------------------------------------------------------------------
     def _scaled(self, st: _Live, reach: Sequence[float]) -> Sequence[float]:
-        """The sources' reach for this request, times its own measured factor; a factor above 1 lifts no
-        depth past 0.98 (or its own reach, if higher): a request that has drafted well is not certain."""
-        f = st.factor(REQUEST_WEIGHT, self._prior)
-        return reach if f == 1.0 else [min(max(r, 0.98), r * f) for r in reach]
+        """The sources' reach for this request, times its own measured factor (:func:`_lifted`)."""
+        return _lifted(reach, st.factor(REQUEST_WEIGHT, self._prior))
 
     def recent_factor(self) -> float:
         """Where a request's own factor starts (:meth:`_Live.factor`): the recent requests' accepted tokens over
-        what was expected of their drafts, shrunk toward 1 by ``request_weight`` expected tokens, at most 1.
-        vLLM does not tell a proposer a request's temperature, and its rejection sampler takes few drafted tokens
-        of a sampled request: a new request starting from 1 would draft until its own drafts had failed, where
-        the recent ones already say drafting does not pay. Decayed a step, so where nothing is drafted it
-        returns to 1 and the next requests are measured afresh."""
+        what was expected of their drafts, shrunk toward 1 by ``REQUEST_WEIGHT`` expected tokens, at most 1."""
         acc, exp = self.recent
-        w = REQUEST_WEIGHT
-        return min(1.0, shrunk(acc, exp, 1.0, w))
+        return min(1.0, shrunk(acc, exp, 1.0, REQUEST_WEIGHT))
 
     def _new(self, row: np.ndarray, n_sampled: int) -> _Live:
         tokens = [int(t) for t in row]
@@ -486,7 +447,7 @@ class Proposer:
             p = call_source(s, state, self.vocab_size or None)  # checked as it leaves the source, as in the loop
             if p is None or not p.tokens:
                 continue
-            chain = p.first_chain()[:room]  # ranked by what can be drafted (a pld chain may run to 100 tokens)
+            chain = p.first_chain()[:room]  # cut before ranking: ranked by what can be drafted
             if chain:
                 drafted.append(Drafted(s.name, chain, float(p.confidence)))
         if self.recycler is not None:
@@ -508,17 +469,22 @@ class Proposer:
 
     def stats(self) -> dict:
         steps = max(1, self.counts["steps"])
+        rec = self.recycler
         return {**self.counts, "live": len(self.live), "step_cost": self.cost.fit(), "step_plane": self.cost.plane(),
-                "cost_by_requests": self.cost.table(),
-                "steps_with_prompt": self.cost.skipped, "steps_too_slow": self.cost.outliers,
-                "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
+                "cost_by_requests": self.cost.table(), "steps_with_prompt": self.cost.skipped,
+                "steps_too_slow": self.cost.outliers, "propose_ms_per_step": round(1e3 * self.propose_s / steps, 3),
                 "propose_ms_max": round(1e3 * self.propose_max_s, 3), "recent_factor": round(self.recent_factor(), 3),
                 "rates": self.rates.snapshot(),
-                "recycled": None if self.recycler is None else {**self.recycler.counts, "tokens": len(self.recycler.rows),
-                                                                 "attached": self.recycler.attached}}
+                "recycled": None if rec is None else {**rec.counts, "tokens": len(rec.rows), "attached": rec.attached}}
 
 
 _INSTANCES: weakref.WeakSet[Proposer] = weakref.WeakSet()
+
+
+def _lifted(reach: Sequence[float], f: float) -> Sequence[float]:
+    """``reach`` times a request factor ``f``; a factor above 1 lifts no depth past 0.98 (or its own reach, if
+    higher): a request that has drafted well is not certain."""
+    return reach if f == 1.0 else [min(max(r, 0.98), r * f) for r in reach]
 
 
 def _claim(old: dict[int, _Live], i: int, row: np.ndarray) -> tuple[_Live | None, bool]:
@@ -542,9 +508,9 @@ def _extends(row: np.ndarray, known: np.ndarray) -> bool:
 
 def build_sources(spec) -> list[DraftSource]:
     """Sources from ``"pld+suffix+tr"`` (the sources of a method spec, :mod:`goose.specs`), a list of
-    names / (name, options) pairs, or DraftSource instances. ``tr`` (token recycling) is served by
-    :class:`goose.vllm.recycle.Recycler` from the logits vLLM computes (:meth:`Proposer.load_model`); other
-    successor-only sources need logits in a form vLLM does not give and are refused."""
+    names / (name, options) pairs, or DraftSource instances; a source with a ``tree`` option not set drafts its
+    likeliest chain alone. ``tr`` is served by the :class:`~goose.vllm.recycle.Recycler`; other successor-only
+    sources need logits vLLM does not give and are refused."""
     from goose.manager import build_component
     from goose.specs import preset
 
@@ -562,8 +528,7 @@ def build_sources(spec) -> list[DraftSource]:
             raise InvalidInputError(
                 f"source {s.name!r} only gives successors (it drafts from the target's logits, which vLLM's "
                 f"proposer interface does not pass; only {RECYCLING!r} is served from them here). Allowed: sources "
-                "that propose from the tokens (pld, suffix, or your own) and tr. Hint: pld+suffix+tr"
-            )
+                "that propose from the tokens (pld, suffix, or your own) and tr. Hint: pld+suffix+tr")
     for s in built:  # vLLM verifies one chain: a source that can propose its likeliest chain alone does
         opts = s.options
         if "tree" in type(opts).model_fields and "tree" not in opts.model_fields_set and opts.tree:
@@ -576,22 +541,21 @@ def build_sources(spec) -> list[DraftSource]:
 
 def resolve_options(options=None, **given) -> ProposerOptions:
     """The proposer's options: ``options`` (a :class:`ProposerOptions` or a dict), else ``$GOOSE_VLLM_OPTIONS`` (a
-    JSON object), with ``$GOOSE_VLLM_SOURCES`` for the sources and the keyword arguments given (not None) on
-    top; every value checked, a bad one an :class:`InvalidInputError` naming it, what is allowed, and a hint."""
+    JSON object) with ``$GOOSE_VLLM_SOURCES`` for the sources; the keyword arguments given (not None) on top.
+    A bad value is an :class:`InvalidInputError` naming it, what is allowed, and a hint."""
     from pydantic import ValidationError
 
     if isinstance(options, ProposerOptions):
         base = options.model_dump(exclude_unset=True)
     elif options is None:
         text = os.environ.get(ENV_OPTIONS, "").strip()
+        hint = f"Hint: {ENV_OPTIONS}='{{\"min_reach\": 0.2}}'"
         try:
             base = json.loads(text) if text else {}
         except ValueError as exc:
-            raise InvalidInputError(f"{ENV_OPTIONS} is not a JSON object ({exc}): {text[:80]!r}. Hint: "
-                                    f"{ENV_OPTIONS}='{{\"min_reach\": 0.2}}'") from exc
+            raise InvalidInputError(f"{ENV_OPTIONS} is not a JSON object ({exc}): {text[:80]!r}. {hint}") from exc
         if not isinstance(base, dict):
-            raise InvalidInputError(f"{ENV_OPTIONS} must hold a JSON object of options, got {text[:80]!r}. Hint: "
-                                    f"{ENV_OPTIONS}='{{\"min_reach\": 0.2}}'")
+            raise InvalidInputError(f"{ENV_OPTIONS} must hold a JSON object of options, got {text[:80]!r}. {hint}")
         if os.environ.get(ENV_SOURCES) is not None:
             base["sources"] = os.environ[ENV_SOURCES]
     elif isinstance(options, Mapping):

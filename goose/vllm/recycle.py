@@ -1,21 +1,10 @@
 """Token recycling inside vLLM: the target's own next-token predictions, read where vLLM computes them.
 
-vLLM's proposer interface passes tokens, not logits; but vLLM hands a proposer the target model
-(``load_model(model)``), and every model vLLM serves computes its logits through
-``model.compute_logits(hidden_states)``, one row per position the step samples from: per decoding request
-its anchor and each drafted token, per prefilling request its last scheduled position, in the batch's row
-order. :class:`Recycler` wraps that method on the model instance; each call keeps the likeliest token of
-every row (before vLLM's sampler sees the logits), and the next ``propose`` lays the rows out over the
-tokens the proposer knows were verified (:meth:`Recycler.harvest`). What is kept, per token and per
-(previous token, token) pair, is the token the target predicted after it, the last time it was seen
-(vLLM verifies one chain, so only the first choice is ever drafted: ``tr``'s ``k`` does not apply here);
-:meth:`Recycler.chain` follows them from a request's anchor, the pair's first, as ``tr``'s bigram tier is
-consulted first in a Goose decoder (plugins/tr.py). One table serves every request (as the
-original Token Recycling keeps its table warm).
-
-A step whose rows do not add up to what the proposer drafted (vLLM trimmed a draft, or the model computed
-logits for something else, e.g. prompt log-probabilities or a warm-up run) is not harvested. A wrong entry
-only costs acceptance: vLLM verifies every drafted token.
+vLLM passes a proposer no logits but hands it the target model, whose ``compute_logits`` gives one row per
+position the step samples from (per decoding request its anchor and each drafted token, per prefilling request
+its last position, in batch row order). :class:`Recycler` wraps it and keeps, per token and per (previous token,
+token) pair, the token the target last predicted after it (first choice only: vLLM verifies one chain). One
+table serves every request; a wrong entry only costs acceptance (docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -41,7 +30,7 @@ class Recycler:
         self.active = True  # capture the next call's rows (the proposer turns it off while its sources rest)
 
     def clear(self) -> None:
-        """Forget every successor (what :meth:`goose.vllm.Proposer.forget` asks of the sources' history)."""
+        """Forget every successor."""
         self.rows.clear()
         self.pairs.clear()
 
@@ -62,8 +51,8 @@ class Recycler:
         return True
 
     def capture(self, logits) -> None:
-        """Keep the likeliest token of each row of ``logits`` (``[rows, vocab]``; None, another shape, or while
-        not :attr:`active`: nothing, and the next harvest reads nothing)."""
+        """Keep the likeliest token of each row of ``logits`` (``[rows, vocab]``); None, another shape, or while
+        not :attr:`active`: nothing kept, and the next harvest reads nothing."""
         import torch
 
         if not self.active or logits is None or getattr(logits, "dim", lambda: 0)() != 2 or logits.shape[0] == 0:
@@ -78,9 +67,9 @@ class Recycler:
 
     def harvest(self, fed: Sequence[Sequence[int | None]], before: Sequence[int | None]) -> bool:
         """Lay the captured rows over ``fed`` (per batch row, the tokens at the positions whose logits were
-        computed, in order; None where the token is not known, as a prompt chunk's) and write each known
-        token's successors; ``before[i]`` is the token before ``fed[i][0]`` (None: unknown). False, and
-        nothing written, when no rows were captured or they do not add up."""
+        computed, in order; None where unknown, as a prompt chunk's) and write each known token's successors;
+        ``before[i]`` is the token before ``fed[i][0]`` (None: unknown). False, and nothing written, when no rows
+        were captured or they do not add up."""
         ids, self.pending = self.pending, None
         if ids is None:
             return False
