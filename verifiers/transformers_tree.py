@@ -41,23 +41,33 @@ class TreeVerifierOptions(Options):
         "its own layout (1-64 nodes, one-token steps included; float32 CPU; verifiers/stream.py; where the CPU has "
         "AVX-512 its IR block kernel, verifiers/stream_ir.py, $GOOSE_STREAM_KERNEL=loop for numba's loop); 'auto' "
         "the fastest per size, as the cached latency calibration measured (stock where none is cached). The "
-        "prompt's prefill always runs stock"))
+        "prompt's prefill always runs stock"),
+        json_schema_extra={"why": "'stock' keeps transformers' kernels; a named form forces it (to compare kernels)"},
+    )
     pack_limit_mib: int | None = Field(None, ge=0, description=(
         "most MiB the packed weights of linear='packed'/'auto' may take (measured as they are made: about 1-4x the "
         "linear weights); None: a quarter of the memory available when they would be made; 0: never pack (tree "
-        "passes then use the fastest other form). stats.extra['verifier']['linear'] reports what they take"))
+        "passes then use the fastest other form). stats.extra['verifier']['linear'] reports what they take"),
+        json_schema_extra={"why": "memory: what the packed weights may take (0: never pack)"},
+    )
     gqa: bool = Field(True, description=(
         "on the CPU with sdpa attention, tree passes let torch's kernel read shared key/value heads in place "
-        "instead of transformers copying the cache per layer (verifiers/attention.py; the same logits to the bit)"))
+        "instead of transformers copying the cache per layer (verifiers/attention.py; the same logits to the bit)"),
+        json_schema_extra={"why": "off: transformers' own attention path (to compare, or where a model's attention is patched)"},
+    )
     headroom: bool = Field(True, description=(
         "the key/value cache appends each step's rows into a buffer with room to grow, instead of transformers' "
-        "DynamicLayer copying the whole cache per layer and step (verifiers/cache.py; the same logits to the bit)"))
+        "DynamicLayer copying the whole cache per layer and step (verifiers/cache.py; the same logits to the bit)"),
+        json_schema_extra={"why": "off: transformers' own cache growth, where memory per request is tight"},
+    )
     defer_prefill_rows: bool = Field(True, description=(
         "the prefill computes the LM head for its last position only and keeps the final hidden states of the "
         "other positions the sources asked for (keep); their logit rows are computed when the first draft needs "
         "them (prefill_rows), so a generation that ends at its first token never pays for them. Checked once per "
         "model: the deferred last row must match the prefill's own, or the verifier computes the rows in the "
-        "prefill from then on"))
+        "prefill from then on"),
+        json_schema_extra={"why": "off: compute the prefill's logit rows in the prefill (to compare)"},
+    )
 
 
 class TransformersVerifier(Verifier):

@@ -24,16 +24,24 @@ class ProposerOptions(Options):
 
     sources: str | list = Field(
         "pld+suffix+tr", description="the draft sources: a method spec's sources ('pld{max_chain=32}+suffix+tr') or a "
-        "list of names / (name, options) pairs; tr is served from the logits vLLM computes")
+        "list of names / (name, options) pairs; tr is served from the logits vLLM computes",
+        json_schema_extra={"why": "which draft sources vLLM's proposer uses"},
+    )
     tier_floors: tuple[float, ...] = Field(
         TIER_FLOORS, description="each chain source's acceptance is measured apart per band of the confidence its "
         "proposals report (a chain's band: the first floor its confidence reaches, 0 below them all); (): one rate "
-        "per source")
+        "per source",
+        json_schema_extra={"why": "the confidence bands each source is measured in (): one rate per source"},
+    )
     recent_decay: float = Field(
         0.99, ge=0.0, le=1.0, description="per step, the decay of the recent requests' accepted and expected "
-        "tokens, where a new request's factor starts (at most 1; back to 1 where nothing is drafted)")
+        "tokens, where a new request's factor starts (at most 1; back to 1 where nothing is drafted)",
+        json_schema_extra={"why": "how fast a new request's starting factor forgets earlier requests"},
+    )
     min_reach: float | None = Field(
-        None, ge=0.0, le=1.0, description="a fixed reach floor instead of the measured step cost (None: measured)")
+        None, ge=0.0, le=1.0, description="a fixed reach floor instead of the measured step cost (None: measured)",
+        json_schema_extra={"why": "a fixed reach floor instead of the measured step cost (reproducible plans, a noisy clock)"},
+    )
 
     @field_validator("tier_floors", mode="before")
     @classmethod
