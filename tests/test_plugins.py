@@ -537,3 +537,18 @@ class _RightChain(goose.DraftSource):
         from goose.testing import reference_greedy
 
         return goose.Proposal.chain(self.name, reference_greedy(list(state.tokens), 8, 16), confidence=1.0)
+
+
+def test_the_built_in_options_are_few_and_each_says_why(monkeypatch):
+    """At most 60 option fields across the built-in components and the vLLM proposer, each with the reason a user
+    would set it (``json_schema_extra["why"]``, printed in docs/options.md)."""
+    from goose.vllm.options import ProposerOptions
+
+    monkeypatch.setenv("GOOSE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    goose.manager.reset()
+    reg = goose.manager.get_registry()
+    classes = {e.cls.Options for kind in ("source", "policy", "verifier") for e in reg.entries[kind].values()}
+    fields = [(c.__name__, f, i) for c in (*classes, ProposerOptions) for f, i in c.model_fields.items()]
+    assert len(fields) <= 60, len(fields)
+    assert [(c, f) for c, f, i in fields if not (i.json_schema_extra or {}).get("why")] == []
+    goose.manager.reset()
