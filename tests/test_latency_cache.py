@@ -22,6 +22,7 @@ import goose
 import goose.verifiers.latency as lat
 from goose.testing import ToyCausalLM
 from goose.verifiers.transformers_tree import TransformersVerifier, TreeVerifierOptions
+from test_verifier_kit import Wrapping
 
 KW = dict(sizes=(1, 2, 4, 8), past_len=8, repeats=1, measure_head=False)
 BUILTIN = "goose.verifiers.transformers_tree.TransformersVerifier"
@@ -37,7 +38,7 @@ class RatedOptions(goose.Options):
     depth: int = Field(1, description="an option of this verifier (a default timing key names every option)")
 
 
-class Rated(goose.Verifier):
+class Rated(Wrapping):
     """The built-in verifier, wrapped: its passes run, and each reports ``rate["s"]`` seconds a node.
 
     ``after``: the rate once a calibration ends (``forms_kept`` is called at the end of every measurement, not
@@ -48,22 +49,9 @@ class Rated(goose.Verifier):
 
     def __init__(self, rate, options=None):
         super().__init__(options)
-        self.inner, self.rate = TransformersVerifier(), rate
+        self.rate = rate
         self.after = self.threads = None
         self.measured = 0
-
-    def bind(self, model):
-        super().bind(model)
-        self.inner.bind(model)
-
-    def prefill(self, prompt_ids, keep=None, rule=None):
-        return self.inner.prefill(prompt_ids, keep, rule)
-
-    def verify(self, tree, rule=None):
-        return self.inner.verify(tree, rule)
-
-    def end(self):
-        self.inner.end()
 
     def time_pass(self, tree, form=None):
         self.inner.time_pass(tree)

@@ -14,6 +14,7 @@ import goose
 from goose.testing import ToySplitLM, reference_greedy
 from goose.verifiers import latency
 from goose.verifiers.transformers_tree import TransformersVerifier
+from test_verifier_kit import Wrapping
 
 V = 16
 PROMPT = [3, 8, 13, 2, 7, 12, 3, 8, 13, 2, 7, 12]
@@ -54,7 +55,7 @@ def test_a_plugin_verifier_that_wraps_the_builtin_gets_its_own_curve(cache):
     assert again.policy.curve == dec.policy.curve and [p.name for p in cache.iterdir()] == [path.name]
 
 
-class Halves(goose.Verifier):
+class Halves(Wrapping):
     """The built-in verifier, wrapped, with a pass form of its own, ``half``, that serves passes of 2 to 12 nodes at
     half the default's time (the times are reported, not measured: the calibration's choices are the test's).
     ``timed`` records each (nodes, form) the calibration asked for; ``kept`` what ``forms_kept`` was told."""
@@ -63,22 +64,8 @@ class Halves(goose.Verifier):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.inner = TransformersVerifier()
         self.timed: list = []
         self.kept = None
-
-    def bind(self, model):
-        super().bind(model)
-        self.inner.bind(model)
-
-    def prefill(self, prompt_ids, keep=None, rule=None):
-        return self.inner.prefill(prompt_ids, keep, rule)
-
-    def verify(self, tree, rule=None):
-        return self.inner.verify(tree, rule)
-
-    def end(self):
-        self.inner.end()
 
     def pass_forms(self):
         return ("half",)
@@ -112,26 +99,18 @@ def test_a_verifier_with_forms_of_its_own_is_timed_in_them_where_they_serve(cach
     assert out.token_ids == reference_greedy(PROMPT, 30, V)
 
 
-class Plain(goose.Verifier):
+class Plain(Wrapping):
     """A wrapping verifier without the speed protocol: greedy only, counting its verify calls."""
 
     name = "plain-wrap"
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.inner = TransformersVerifier()
         self.verifies = 0
-
-    def bind(self, model):
-        super().bind(model)
-        self.inner.bind(model)
-
-    def prefill(self, prompt_ids, keep=None, rule=None):
-        return self.inner.prefill(prompt_ids, keep, rule)
 
     def verify(self, tree, rule=None):
         self.verifies += 1
-        return self.inner.verify(tree, rule)
+        return super().verify(tree, rule)
 
     def end(self):
         self.inner.end()
