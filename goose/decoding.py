@@ -74,7 +74,7 @@ class Stats:
     per_origin: dict = field(default_factory=dict)  # {origin (role in the tree: spine, branch, ...): {"drafted", "accepted"}}
 
     def acceptance(self, source: str) -> float:
-        """Accepted / drafted of a source (or, failing that, of an origin such as ``"spine"``)."""
+        """Accepted / drafted of a source (or, failing that, of an origin such as ``"lead"``)."""
         d = self.per_source.get(source) or self.per_origin.get(source, {})
         return d.get("accepted", 0) / d["drafted"] if d.get("drafted") else 0.0
 

@@ -238,11 +238,11 @@ class Proposal:
         return tuple(out)
 
     def as_tree(self, root: int, route: str | None = None) -> DraftTree:
-        """The proposal hung under ``root``, every node credited to its source (route: "chain" or "tree")."""
+        """The proposal hung under ``root``, every node credited to its source (route: "path" or "tree")."""
         origins = self.origins or (self.source,) * len(self.tokens)
         return DraftTree.build((root, *self.tokens), (-1, *(p + 1 for p in self.parents)), (ROOT, *origins),
                                None if self.scores is None else (1.0, *self.scores),
-                               route or ("chain" if self.is_chain else "tree"),
+                               route or ("path" if self.is_chain else "tree"),
                                ((),) + ((self.source,),) * len(self.tokens))
 
 

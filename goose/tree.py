@@ -30,7 +30,7 @@ class DraftTree:
     parents: tuple[int, ...]  # [num_nodes] parent index; parents[0] == -1
     origins: tuple[str, ...]  # [num_nodes] who drafted each node; origins[0] == "root"
     scores: tuple[float, ...] | None = None  # [num_nodes] optional drafter scores
-    route: str = "tree"  # how the policy shaped it: "tree", "spine", "chain", "single", ...
+    route: str = "tree"  # how the policy shaped it: "tree", "branched", "path", "single", ...
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     # [num_nodes] names of the sources that proposed each node (root: ()); None: the origins say
     sources: tuple[tuple[str, ...], ...] | None = None
@@ -89,7 +89,7 @@ class DraftTree:
         return cls((int(root),), (-1,), (ROOT,), None, "single", {})
 
     @classmethod
-    def from_chain(cls, root: int, chain: Sequence[int], origin: str, route: str = "chain",
+    def from_chain(cls, root: int, chain: Sequence[int], origin: str, route: str = "path",
                    source: str | None = None) -> DraftTree:
         """A plain chain ``root -> chain[0] -> chain[1] -> ...`` (route "single" when empty); ``source``: the
         source that proposed it, credited with every node but the root."""

@@ -4,7 +4,7 @@ Each step every source that proposes gives a chain (a tree proposal: its first r
 two sources propose at the same place is one node both vouch for (``DraftTree.sources``). :func:`rank` orders
 the chains by expected accepted tokens under each source's measured acceptance (:class:`SourceRates`), never
 by the order of ``sources=[...]``; :func:`merge` makes the best the **spine**, extended by any chain that
-agrees with all of it and goes further; every other chain hangs as a **side chain** (origin ``"chain"``)
+agrees with all of it and goes further; every other chain hangs as a **side chain** (origin ``"side"``)
 where it first disagrees (:meth:`Trie.add_sides`). Every chain laid out (``tree.meta["chains"]``) is booked
 against the target's tokens, drafted or not (:meth:`SourceRates.observe`). The policies and the vLLM
 proposer (goose/vllm/) lay chains out here.
@@ -19,8 +19,8 @@ from goose.interfaces import DraftContext, Proposal
 from goose.policies.rates import SourceRates
 from goose.tree import ROOT, DraftTree
 
-SPINE = "spine"
-CHAIN = "chain"  # origin of another source's chain where it leaves the spine
+LEAD = "lead"  # origin of the spine's nodes: the best-ranked chain
+SIDE = "side"  # origin of another source's chain where it leaves the spine
 
 first_chain = Proposal.first_chain  # a proposal's tokens as one chain
 
@@ -197,7 +197,7 @@ class Trie:
                     continue
                 if r < side_min or added >= room:
                     break
-                node = self.add(node, t, CHAIN, (d.source,))
+                node = self.add(node, t, SIDE, (d.source,))
                 added += 1
         return added
 
@@ -207,20 +207,20 @@ class Trie:
 
 def chain_tree(anchor: int, chain: Sequence[int], vouching: Sequence[tuple[str, ...]], route: str,
                **meta) -> DraftTree:
-    """``chain`` alone under ``anchor``, origin ``"spine"``; ``vouching[j]``: the sources of its token j."""
-    return DraftTree.build((anchor, *chain), range(-1, len(chain)), SPINE, None, route, ((), *vouching), **meta)
+    """``chain`` alone under ``anchor``, origin ``"lead"``; ``vouching[j]``: the sources of its token j."""
+    return DraftTree.build((anchor, *chain), range(-1, len(chain)), LEAD, None, route, ((), *vouching), **meta)
 
 
 def chain_trie(anchor: int, ranked: Sequence[Drafted]) -> Trie:
     """The plain trie of the ranked chains under ``anchor``: a node's children come in rank order, its sources
-    are the chains through it, its origin ``"spine"`` on the best-ranked chain, else ``"chain"``."""
+    are the chains through it, its origin ``"lead"`` on the best-ranked chain, else ``"side"``."""
     trie = Trie(anchor)
     for r, d in enumerate(ranked):
         c = 0
         for t in d.tokens:
             nxt = trie.kids.get(c, {}).get(t)
             if nxt is None:
-                nxt = trie.add(c, t, CHAIN if r else SPINE, ())
+                nxt = trie.add(c, t, SIDE if r else LEAD, ())
             trie.sources[nxt] += (d.source,)
             c = nxt
     return trie

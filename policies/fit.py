@@ -72,6 +72,7 @@ from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.verifiers import latency
 from goose.manager import build_inner
+from goose.policies.chains import LEAD, SIDE
 from goose.policies.rates import shrunk
 from goose.theory.calibrate import Counts, count_step, smoothed
 from goose.theory.model import AcceptanceModel
@@ -123,7 +124,7 @@ class FitOptions(Options):
         None,
         description="where a chain source's spine rates start, by the confidence of its chain this step: "
         "{source: [(min confidence, p_1, p_deeper), ...]}, the first tier the chain's confidence reaches wins; a tier's "
-        "chains are learned apart from the source's other chains (route 'spine@pld^1'), shrunk toward (p_1, p_deeper) "
+        "chains are learned apart from the source's other chains (route 'branched@pld^1'), shrunk toward (p_1, p_deeper) "
         "instead of `prior`. None: each source's tiers as `goose tiers` measured and stored them (pld's ship with "
         "Goose); {}: every spine starts at `prior`",
         json_schema_extra={"why": "start a source's rates from tiers of your own ({}: from the prior)"},
@@ -159,7 +160,7 @@ class Route:
     ``bypass``, ``chain``, ...), the source that leads its spine (``lead``; None when no source does), and
     the confidence tier of that source's chain (``tier``: the tier's minimum confidence in
     ``FitOptions.source_priors``; None when the source has no tier there or the chain reaches none).
-    ``str()`` writes it as ``kind@lead^tier`` (``spine@pld^1``, ``bypass@pld``, ``spine``)."""
+    ``str()`` writes it as ``kind@lead^tier`` (``branched@pld^1``, ``bypassed@pld``, ``branched``)."""
 
     kind: str
     lead: str | None = None
@@ -370,8 +371,8 @@ class FitPolicy(TreePolicy):
         c["nodes_offered"] += n - 1
         c["nodes_kept"] += best_m
         keep = sorted([0, *order[:best_m]])
-        c["spine_offered"] += sum(1 for o in tree.origins if o == "spine")
-        c["spine_kept"] += sum(1 for i in keep if tree.origins[i] == "spine")
+        c["lead_offered"] += sum(1 for o in tree.origins if o == LEAD)
+        c["lead_kept"] += sum(1 for i in keep if tree.origins[i] == LEAD)
         if best_m == n - 1:
             out = tree
         else:
@@ -427,7 +428,7 @@ class FitPolicy(TreePolicy):
         """The route's counts changed: drop its cached model, and its source's bypass model that borrows from them."""
         self.models.pop(route, None)
         if route.lead is not None:  # every bypass route of that source borrows from it (_earned_elsewhere)
-            for key in [k for k in self.models if k.kind == "bypass" and k.lead == route.lead]:
+            for key in [k for k in self.models if k.kind == "bypassed" and k.lead == route.lead]:
                 del self.models[key]
 
     def _earned_elsewhere(self, route: Route) -> tuple[float, ...] | None:
@@ -444,7 +445,7 @@ class FitPolicy(TreePolicy):
         the same in every tier; docs/results.md, section 10): a consensus match that carries on a loop the
         source's long matches have already held through starts with that depth earned."""
 
-        if route.kind != "bypass" or route.lead is None:
+        if route.kind != "bypassed" or route.lead is None:
             return None
         pooled = Counts()
         for r, c in self.route_counts.items():
@@ -517,8 +518,8 @@ class FitPolicy(TreePolicy):
             self._open = still
             return
         route, spine = shadow
-        kept = sum(1 for o in origins if o == "spine")
-        if kept < len(spine) and len(path) >= kept + 1 and all(origins[i] == "spine" for i in path[1 : kept + 1]):
+        kept = sum(1 for o in origins if o == LEAD)
+        if kept < len(spine) and len(path) >= kept + 1 and all(origins[i] == LEAD for i in path[1 : kept + 1]):
             last = min(len(spine), kept + SHADOW_DEPTH)
             trial = [route, spine, kept, last]  # route, spine tokens, next index to check, index to stop at
             if self._check(trial, committed[kept:]):
@@ -577,8 +578,8 @@ class FitPolicy(TreePolicy):
             fit_steps=c["fitted_steps"],
             fit_nodes_offered=c["nodes_offered"],
             fit_nodes_kept=c["nodes_kept"],
-            fit_spine_offered=c["spine_offered"],
-            fit_spine_kept=c["spine_kept"],
+            fit_lead_offered=c["lead_offered"],
+            fit_lead_kept=c["lead_kept"],
             fit_predicted_tokens=round(float(c["predicted_tokens"]), 3),
             fit_predicted_steps_tokens=c["predicted_steps_tokens"],
             fit_model_misfits=c["model_misfits"],
@@ -604,7 +605,7 @@ def _spine_tokens(tree: DraftTree) -> list[int]:
     """The spine's tokens, depth 1 first (the root's spine child, its spine child, ...)."""
     out, node, kids, origins = [], 0, tree.children, tree.origins
     while True:
-        nxt = next((k for k in kids[node] if origins[k] == "spine"), None)
+        nxt = next((k for k in kids[node] if origins[k] == LEAD), None)
         if nxt is None:
             return out
         out.append(tree.tokens[nxt])
@@ -624,16 +625,16 @@ def _per_source(tree: DraftTree, priors: dict | None = None) -> tuple[Route, Dra
     """The rates' key and the tree as the acceptance model reads it, per source: spine rates are
     learned per source leading the spine (route ``spine@suffix``), and per confidence tier of its
     chain where ``priors`` (``FitOptions.source_priors``) has tiers for that source
-    (``spine@pld^1``); another source's side chain (origin ``chain``) is its own origin group
-    (``chain:suffix``). A tree without side chains is its own view."""
+    (``branched@pld^1``); another source's side chain (origin ``side``) is its own origin group
+    (``side:suffix``). A tree without side chains is its own view."""
     if tree.sources is None or tree.num_nodes < 2:
         return Route(tree.route), tree
-    lead = next((s[0] for o, s in zip(tree.origins, tree.sources) if o == "spine" and s), None)
+    lead = next((s[0] for o, s in zip(tree.origins, tree.sources) if o == LEAD and s), None)
     floor = tier(priors, lead, tree.meta.get("confidence")) if lead is not None and priors else None
     route = Route(tree.route, lead, floor)
-    if "chain" not in tree.origins:
+    if SIDE not in tree.origins:
         return route, tree
-    origins = tuple(f"chain:{s[0]}" if o == "chain" and s else o for o, s in zip(tree.origins, tree.sources))
+    origins = tuple(f"{SIDE}:{s[0]}" if o == SIDE and s else o for o, s in zip(tree.origins, tree.sources))
     return route, _View(tree.parents, origins)
 
 

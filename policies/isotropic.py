@@ -3,8 +3,8 @@
 ``isotropic`` (presets ``iso3``, ``iso5``): the spine policy's sources, budget and routes (``"iso"`` for the
 tree), no spine. Breadth-first from the root, every node gets up to ``k`` children: the chains'
 continuations where it lies on their trie (best-ranked first, policies/chains.py), then the successor tokens
-scoring at least ``MIN_SCORE``, deduplicated, down to depth ``max_depth``. Origins: ``"spine"`` on the
-best-ranked chain, ``"chain"`` on the others, ``"root-branch"`` / ``"branch"`` for successors.
+scoring at least ``MIN_SCORE``, deduplicated, down to depth ``max_depth``. Origins: ``"lead"`` on the
+best-ranked chain, ``"side"`` on the others, ``"root-branch"`` / ``"branch"`` for successors.
 
 ``tr-tree``: Token Recycling's fixed tree of 80 draft nodes (levels 8/21/25/15/8/3), filled from the
 successors and cut to the budget, route ``"tr"``; its per-node layout is derived by :func:`static_tree`.
@@ -65,7 +65,7 @@ class IsotropicPolicy(MergingPolicy):
         if not len(root.ids):
             lead = ranked[0] if ranked else None
             n = min(len(lead.tokens), budget - 1, st.max_depth) if lead else 0
-            return chain_tree(st.anchor, lead.tokens[:n], ((lead.source,),) * n, "chain", **meta) if n > 0 else None
+            return chain_tree(st.anchor, lead.tokens[:n], ((lead.source,),) * n, "path", **meta) if n > 0 else None
         chains = chain_trie(st.anchor, ranked)
         maxd = min(o.max_depth, st.max_depth)
         trie = Trie(st.anchor)

@@ -2,12 +2,12 @@
 
 A deep **spine** (the best chain, policies/chains.py) hangs under the root; shallow **branches** of
 successor tokens hang off the root and the spine nodes, their widths decaying harmonically along the spine,
-and grow breadth-first. Routes: the successor sources know the anchor -> ``"spine"`` (pure branches without a
-chain); else a chain -> ``"chain"`` (``"chains"`` with side chains); else, or under 2 nodes, None. Origins:
-``"spine"``, ``"chain"`` (side chains), ``"root-branch"`` (successors under the root), ``"branch"`` (deeper).
+and grow breadth-first. Routes: the successor sources know the anchor -> ``"branched"`` (pure branches without a
+chain); else a chain -> ``"path"`` (``"paths"`` with side chains); else, or under 2 nodes, None. Origins:
+``"lead"`` (the spine), ``"side"`` (side chains), ``"root-branch"`` (successors under the root), ``"branch"`` (deeper).
 
 Policies: ``spine-tree`` (the builder); ``bypass`` around any policy (a consensus chain that fills the inner
-policy's largest tree is verified alone: route ``"bypass"``); ``spine`` = ``bypass`` around ``spine-tree``,
+policy's largest tree is verified alone: route ``"bypassed"``); ``spine`` = ``bypass`` around ``spine-tree``,
 the paper's configuration; the ablations ``spine-nobypass`` (confidence off) and ``spine-nobranch`` (no
 branches on spine nodes).
 """
@@ -28,7 +28,7 @@ from goose.errors import InvalidInputError
 from goose.branches import Successors
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
-from goose.policies.chains import (CHAIN, SPINE, Merged, Trie, chain_tree, gather, gather_alternatives, laid_out,
+from goose.policies.chains import (LEAD, SIDE, Merged, Trie, chain_tree, gather, gather_alternatives, laid_out,
                                    merge, rank)
 from goose.policies.merge import MIN_SCORE, TRUST_MIN, MergingPolicy, RatedPolicy, resolve_spine_source
 from goose.policies.rates import SourceRates
@@ -47,7 +47,7 @@ EMA_INIT, EMA_WEIGHT = 0.5, 0.3  # the spine acceptance EMA: its start per reque
 SPINE_BRANCH_SHARE = 0.5  # share of the branch budget hung off spine nodes (the rest under the root)
 MAX_BRANCH_DEPTH = 6  # branches are extended only while shallower than this
 TOP_K = 10  # K of the branches' width cap max(1, K // depth)
-PARTS = ("spine", "branch", "root_branch", "side_chain")  # the stats' node classes
+PARTS = ("lead", "branch", "root_branch", "side")  # the stats' node classes
 
 
 def harmonic_split(share: int, positions: int) -> tuple[int, ...]:
@@ -68,7 +68,7 @@ def harmonic_split(share: int, positions: int) -> tuple[int, ...]:
 def _tally(origins: Sequence[str], nodes: Sequence[int]) -> dict[str, int]:
     """``nodes`` counted per stats class (:data:`PARTS`; ``branch``: every other origin)."""
     n = Counter(origins[i] for i in nodes)
-    out = {"spine": n[SPINE], "root_branch": n[ROOT_BRANCH], "side_chain": n[CHAIN]}
+    out = {"lead": n[LEAD], "root_branch": n[ROOT_BRANCH], "side": n[SIDE]}
     out["branch"] = len(nodes) - sum(out.values())
     return out
 
@@ -168,17 +168,17 @@ class SpinePolicy(MergingPolicy):
         ``(trie, side chain nodes added)``."""
         trie = Trie(ctx.state.anchor)
         for j in range(n):
-            trie.add(j, merged.spine[j], SPINE, merged.spine_sources[j])
+            trie.add(j, merged.spine[j], LEAD, merged.spine_sources[j])
         return trie, trie.add_sides(merged, n, room, self.rates, SIDE_MIN, ctx.state.max_depth)
 
     def chains_only(self, ctx: DraftContext, merged: Merged, budget: int) -> DraftTree | None:
-        """No successor at the root: the spine alone (route ``"chain"``), with the other sources'
-        side chains when there are any (route ``"chains"``)."""
+        """No successor at the root: the spine alone (route ``"path"``), with the other sources'
+        side chains when there are any (route ``"paths"``)."""
         n = min(len(merged.spine), budget - 1, ctx.state.max_depth)
         if n <= 0:
             return None
         trie, added = self.spine_trie(ctx, merged, n, budget - 1 - n)
-        route = "chains" if added else "chain"
+        route = "paths" if added else "path"
         return trie.tree(route, spine_len=n, confidence=merged.confidence, chains=merged.chains)
 
     def build(self, ctx: DraftContext, merged: Merged, conf: float, budget: int, root: Successors) -> DraftTree | None:
@@ -235,7 +235,7 @@ class SpinePolicy(MergingPolicy):
             remaining -= attach(node, d + 1, succ, remaining, BRANCH, width)
         if len(tokens) < 2:
             return None
-        return trie.tree("spine", spine_len=L, confidence=conf, chains=merged.chains)
+        return trie.tree("branched", spine_len=L, confidence=conf, chains=merged.chains)
 
     # -- learning and reporting ------------------------------------------------------------------
     def observe(self, verified: Verified) -> None:
@@ -250,15 +250,15 @@ class SpinePolicy(MergingPolicy):
         for part in PARTS:
             c[f"{part}_drafted"] += drafted[part]
             c[f"{part}_accepted"] += accepted[part]
-        if accepted["spine"] and accepted["branch"]:  # the walk left the spine where it broke, along a branch
+        if accepted["lead"] and accepted["branch"]:  # the walk left the spine where it broke, along a branch
             c["continuation_cycles"] += 1
             c["continuation_tokens"] += accepted["branch"]
-        if drafted["spine"] and verified.walk == "greedy":
+        if drafted["lead"] and verified.walk == "greedy":
             # Per-cycle dominance (Prop. 4): re-walk the spine alone with the target's argmax.
             children, toks, am = tree.children, tree.tokens, verified.argmax
             node, chain_len = 0, 0
             while True:
-                nxt = next((ch for ch in children[node] if origins[ch] == SPINE), None)
+                nxt = next((ch for ch in children[node] if origins[ch] == LEAD), None)
                 if nxt is None or toks[nxt] != am[node]:
                     break
                 node, chain_len = nxt, chain_len + 1
@@ -266,8 +266,8 @@ class SpinePolicy(MergingPolicy):
             c["gain_over_spine_chain"] += (len(path) - 1) - chain_len
             if len(path) - 1 < chain_len:
                 c["dominance_violations"] += 1
-        if drafted["spine"] and tree.route in ("spine", "bypass"):
-            self.ema = EMA_WEIGHT * (accepted["spine"] / drafted["spine"]) + (1.0 - EMA_WEIGHT) * self.ema
+        if drafted["lead"] and tree.route in ("branched", "bypassed"):
+            self.ema = EMA_WEIGHT * (accepted["lead"] / drafted["lead"]) + (1.0 - EMA_WEIGHT) * self.ema
 
     def stats(self) -> dict:
         c = self.counts
@@ -402,17 +402,17 @@ class BypassPolicy(RatedPolicy):
         return tree if tree is not None else self.inner.shape(ctx)
 
     def _bypass_tree(self, ctx: DraftContext, chain, vouching, confidence: float, chains: dict) -> DraftTree | None:
-        """The chain alone (route ``"bypass"``), cut to ``max_chain`` and the depth left; ``vouching``: the
+        """The chain alone (route ``"bypassed"``), cut to ``max_chain`` and the depth left; ``vouching``: the
         sources of each chain token. None where nothing is left to draft."""
         n = min(len(chain), self.options.max_chain, ctx.state.max_depth)
         if n <= 0:
             return None
-        return chain_tree(ctx.state.anchor, chain[:n], vouching[:n], "bypass", spine_len=n, confidence=confidence,
+        return chain_tree(ctx.state.anchor, chain[:n], vouching[:n], "bypassed", spine_len=n, confidence=confidence,
                           chains=chains)
 
     def observe(self, verified: Verified) -> None:
         tree = verified.tree
-        if tree is not None and tree.route == "bypass":
+        if tree is not None and tree.route == "bypassed":
             self.cycles += 1
             self.drafted += tree.num_nodes - 1
             self.accepted += len(verified.path) - 1

@@ -231,7 +231,7 @@ def test_fault_successors_from_the_first_source_only_is_caught(monkeypatch):
 # Point 3: confidence is a key, not a trust
 # ----------------------------------------------------------------------------------------------
 def _extended_or_bypassed(trees, budget):
-    return [i for i, t in enumerate(trees) if t[0] == "bypass" or len(t[1]) > budget]
+    return [i for i, t in enumerate(trees) if t[0] == "bypassed" or len(t[1]) > budget]
 
 
 GATE = {  # policy -> (options with the trust gate on, options with it off)
@@ -256,7 +256,7 @@ def test_a_lying_source_gets_neither_bypass_nor_extension_once_measured(policy):
 def test_an_honest_confident_source_keeps_its_bypass():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     trees, _ = _run([Scripted("honest", 3, 0.0, 30, 1.0), "tr"], "spine", prompt, 80, 12, generations=1, min_length=4)
-    assert sum(t[0] == "bypass" for t in trees) >= len(trees) - 2
+    assert sum(t[0] == "bypassed" for t in trees) >= len(trees) - 2
 
 
 def test_the_example_context_bigram_source_composes_in_either_order():

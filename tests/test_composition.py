@@ -77,7 +77,7 @@ def test_spine_source_set_once_reaches_every_level(policy, extra):
     assert other.calls > 0 and echo.calls > 0
     # every level put other's chain on the spine: each spine node of every verified tree is credited to other
     # first (the leader vouches first); echo's chain is merged in beside it (it vouches too), not dropped
-    spine_nodes = [t.credited(i) for t in trees for i in range(1, t.num_nodes) if t.origins[i] == "spine"]
+    spine_nodes = [t.credited(i) for t in trees for i in range(1, t.num_nodes) if t.origins[i] == "lead"]
     assert spine_nodes, f"{policy}: no spine node drafted"
     assert all(c[0] == "other" for c in spine_nodes), (policy, spine_nodes)
     assert any("echo" in c for c in spine_nodes) and out.stats.per_source["echo"]["drafted"] > 0, out.stats.per_source

@@ -266,7 +266,7 @@ def test_cascade_estimates_report_prediction_spine_share_and_carry_over():
     assert out.token_ids == reference_greedy(prompt, 60, 16)
     st_ = out.stats.extra["policy"]
     assert st_["fit_model_misfits"] == 0
-    assert 0 <= st_["fit_spine_kept"] <= st_["fit_spine_offered"] and st_["fit_spine_kept"] <= st_["fit_nodes_kept"]
+    assert 0 <= st_["fit_lead_kept"] <= st_["fit_lead_offered"] and st_["fit_lead_kept"] <= st_["fit_nodes_kept"]
     # one prediction per fitted step, each between 1 (the bonus) and 1 + the nodes kept
     assert st_["fit_steps"] <= st_["fit_predicted_tokens"] <= st_["fit_steps"] + st_["fit_nodes_kept"]
     assert st_["fit_predicted_steps_tokens"] >= st_["fit_steps"]
@@ -357,7 +357,7 @@ def _chain(route, depth=3, tokens=None):
     n = len(toks)
     sources = None if route.lead is None else ((),) + ((route.lead,),) * (n - 1)
     conf = route.tier if route.tier is not None else 0.0  # a tier's floor reaches it; 0: below every tier
-    return DraftTree.build(toks, tuple(range(-1, n - 1)), "spine", None, route.kind, sources, confidence=conf)
+    return DraftTree.build(toks, tuple(range(-1, n - 1)), "lead", None, route.kind, sources, confidence=conf)
 
 
 def _rates(pol, route):
@@ -384,7 +384,7 @@ TWO = {1: 1.0, 3: 1.0, 4: 100.0}
 def test_a_tree_outside_the_model_is_fitted_with_per_class_rates():
     from goose.tree import DraftTree
 
-    two_spines = DraftTree.build([5, 1, 2, 3], [-1, 0, 0, 1], ["root", "spine", "spine", "branch"])
+    two_spines = DraftTree.build([5, 1, 2, 3], [-1, 0, 0, 1], ["root", "lead", "lead", "branch"])
     pol = _fit(latency=FLAT)
     got = _step(pol, two_spines)
     assert pol.stats()["fit_model_misfits"] == 1
@@ -609,18 +609,18 @@ def test_hindsight_trials_follow_the_committed_tokens_of_later_steps():
     from goose.tree import DraftTree
 
     spine = (1, 2, 3, 4, 5, 6, 7)
-    full = DraftTree.build((9, *spine), (-1, 0, 1, 2, 3, 4, 5, 6), "spine", route="chain")
+    full = DraftTree.build((9, *spine), (-1, 0, 1, 2, 3, 4, 5, 6), "lead", route="path")
     kept = full.subtree([0, 1, 2])
 
     def run(later, spine=spine):
-        full = DraftTree.build((9, *spine), tuple(range(-1, len(spine))), "spine", route="chain")
+        full = DraftTree.build((9, *spine), tuple(range(-1, len(spine))), "lead", route="path")
         pol = _fit(latency=TWO)
         # the fit kept 2 of the spine nodes; depth 3 right (the bonus)
         assert _booked(pol, full, (0, 1, 2), spine[2]) == full.subtree([0, 1, 2])
         for bonus in later:  # plain steps, each committing one token; they shape no spine of their own
             assert _step(pol, None) is None
             pol.observe(_verified(DraftTree.single(9), (0,), bonus))
-        c = pol.route_counts[Route("chain")]
+        c = pol.route_counts[Route("path")]
         # depths past the kept spine (1 and 2 are booked by the verified tree itself)
         return ({d: c.spine_trials[d] for d in range(3, len(spine) + 2) if c.spine_trials[d]},
                 {d: c.spine_hits[d] for d in range(3, len(spine) + 2) if c.spine_hits[d]})
@@ -636,9 +636,9 @@ def test_hindsight_trials_follow_the_committed_tokens_of_later_steps():
     # a tree step's walk and bonus feed the open spine in order
     pol = _fit(latency=TWO)
     _booked(pol, full, (0, 1, 2), 3)
-    walk = DraftTree.build((3, 4, 5), (-1, 0, 1), "spine", route="chain")  # its own spine kept whole: no new check
+    walk = DraftTree.build((3, 4, 5), (-1, 0, 1), "lead", route="path")  # its own spine kept whole: no new check
     assert _booked(pol, walk, (0, 1, 2), 6) == walk  # commits 4, 5, then the bonus 6: depths 4, 5, 6 right
-    c = pol.route_counts[Route("chain")]
+    c = pol.route_counts[Route("path")]
     assert [c.spine_hits[d] for d in range(3, 8)] == [1, 1, 1, 1, 0] and c.spine_trials[7] == 0
     assert pol.stats()["fit_shadow_trials"] == 4
 
@@ -658,15 +658,15 @@ def test_a_chain_that_continues_an_open_spine_is_shaped_from_the_depth_it_has_re
     def after_a_plain_step(continuation=True):
         """A policy that has seen ``old`` offered on a plain step (no node paid) whose token was old[0]."""
         pol = _fit(latency={1: 1.0, 128: 1.0 + 0.3 * 127}, continuation=continuation)
-        c = pol.route_counts[Route("chain")]
+        c = pol.route_counts[Route("path")]
         for d, (t, h) in enumerate([(10, 3), (3, 3), (3, 3), (3, 3), (3, 3), (3, 3)], start=1):
             c.spine_trials[d], c.spine_hits[d] = t, h
-        assert _booked(pol, _chain(Route("chain"), tokens=(9, *old)), (0,), old[0]) is None  # the fallback
+        assert _booked(pol, _chain(Route("path"), tokens=(9, *old)), (0,), old[0]) is None  # the fallback
         assert pol.stats()["fit_fallback_steps"] == 1 and pol.stats()["fit_shadow_trials"] == 1
         return pol
 
     def shaped(pol, spine):
-        got = _step(pol, _chain(Route("chain"), tokens=(old[0], *spine)))
+        got = _step(pol, _chain(Route("path"), tokens=(old[0], *spine)))
         return (0 if got is None else got.num_nodes - 1), pol.stats()["fit_continued_steps"]
 
     # the next 7 tokens of the spine still being checked (1 committed): shaped from p_2 on, kept whole
@@ -677,7 +677,7 @@ def test_a_chain_that_continues_an_open_spine_is_shaped_from_the_depth_it_has_re
     assert shaped(after_a_plain_step(continuation=False), old[1:]) == fresh  # off: every chain is fresh
     # a check that has committed the whole spine is over: nothing left to continue
     pol = after_a_plain_step()
-    walked = DraftTree.build((old[0], *old[1:]), tuple(range(-1, 7)), "spine", route="chain")
+    walked = DraftTree.build((old[0], *old[1:]), tuple(range(-1, 7)), "lead", route="path")
     pol.inner.trees.append(walked)
     got = pol.shape(None)
     pol.observe(_verified(got, tuple(range(got.num_nodes)), 19))  # every kept token right, and the bonus
@@ -701,12 +701,12 @@ def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
     from goose.policies.fit import Route
     from goose.tree import DraftTree
 
-    full = DraftTree.build((9, 1, 2, 3, 4), (-1, 0, 1, 2, 3), "spine", route="chain")
+    full = DraftTree.build((9, 1, 2, 3, 4), (-1, 0, 1, 2, 3), "lead", route="path")
     kept = full.subtree([0, 1, 2])
     pol = _fit(latency=TWO)
     for bonus, hits in ((3, 1), (7, 1)):  # the cut spine token 3 is right, then wrong
         assert _booked(pol, full, (0, 1, 2), bonus) == kept  # the fit kept 2 of 4 spine nodes
-        c = pol.route_counts[Route("chain")]
+        c = pol.route_counts[Route("path")]
         assert c.spine_hits[3] == hits
     assert c.spine_trials[3] == 2
     # a walk that broke inside the kept spine says nothing about depth 3
@@ -715,7 +715,7 @@ def test_shadow_trial_is_booked_one_depth_past_the_kept_spine():
     # a plain step (the fit kept nothing): depth 1, against the bonus
     pol = _fit(latency=STEEP)
     assert _booked(pol, full, (0,), 1) is None
-    c = pol.route_counts[Route("chain")]
+    c = pol.route_counts[Route("path")]
     assert (c.spine_trials[1], c.spine_hits[1]) == (1, 1) and pol.stats()["fit_fallback_steps"] == 1
 
 
@@ -726,22 +726,22 @@ def test_a_route_starts_from_what_its_lead_source_earned_on_the_other_routes():
 
     def model(route):
         pol = _fit(latency=FLAT)
-        c = pol.route_counts[Route("spine", "pld")]
+        c = pol.route_counts[Route("branched", "pld")]
         for d in range(1, 21):  # pld right 10 times out of 10 at every depth to 20
             c.spine_trials[d] += 10
             c.spine_hits[d] += 10
         return _rates(pol, route)
 
-    earned, fresh = model(Route("bypass", "pld")), model(Route("bypass", "suffix"))
+    earned, fresh = model(Route("bypassed", "pld")), model(Route("bypassed", "suffix"))
     assert fresh[0] == pytest.approx(0.1) and fresh[19] == pytest.approx(0.1)  # another source earned nothing: the prior
     assert earned[0] > 0.8 and earned[19] > 0.8  # what pld earned on the spine route
-    assert model(Route("spine"))[0] == pytest.approx(0.1)  # a route without a lead source
+    assert model(Route("branched"))[0] == pytest.approx(0.1)  # a route without a lead source
     # only the bypass route borrows: the spine and chain routes (TR's branches compete, or not) stay apart
-    assert model(Route("chain", "pld"))[0] == pytest.approx(0.1)
+    assert model(Route("path", "pld"))[0] == pytest.approx(0.1)
     pol = _fit(latency=FLAT)
-    pol.route_counts[Route("bypass", "pld")].spine_trials[1] += 10
-    pol.route_counts[Route("bypass", "pld")].spine_hits[1] += 10
-    assert _rates(pol, Route("spine", "pld"))[0] == pytest.approx(0.1)
+    pol.route_counts[Route("bypassed", "pld")].spine_trials[1] += 10
+    pol.route_counts[Route("bypassed", "pld")].spine_hits[1] += 10
+    assert _rates(pol, Route("branched", "pld"))[0] == pytest.approx(0.1)
 
 
 # -- where a context match's trust starts: pld's confidence tiers (source_priors) -------------------
@@ -771,8 +771,8 @@ def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
     from goose.policies.fit import Route
     from goose.tree import DraftTree
 
-    def tree(conf, source="pld", route="spine"):
-        return DraftTree.build((7, 1, 2, 3), (-1, 0, 1, 2), ("root", "spine", "spine", "spine"), None, route,
+    def tree(conf, source="pld", route="branched"):
+        return DraftTree.build((7, 1, 2, 3), (-1, 0, 1, 2), ("root", "lead", "lead", "lead"), None, route,
                                ((), (source,), (source,), (source,)), confidence=conf)
 
     def keyed(t, tiers):
@@ -783,28 +783,28 @@ def test_a_chain_is_keyed_and_started_by_its_confidence_tier():
         return route
 
     tiers = PLD_TIERS
-    assert keyed(tree(1.0), tiers) == Route("spine", "pld", 1.0)
-    assert keyed(tree(0.82), tiers) == Route("spine", "pld", 0.7)
-    assert keyed(tree(0.3), tiers) == Route("spine", "pld")  # below every tier: the source's plain route
-    assert keyed(tree(1.0, "suffix"), tiers) == Route("spine", "suffix")  # no tiers for that source
-    assert keyed(tree(1.0), {}) == Route("spine", "pld")  # tiers off: one route per source
-    assert keyed(tree(1.0, route="bypass"), tiers) == Route("bypass", "pld", 1.0)
+    assert keyed(tree(1.0), tiers) == Route("branched", "pld", 1.0)
+    assert keyed(tree(0.82), tiers) == Route("branched", "pld", 0.7)
+    assert keyed(tree(0.3), tiers) == Route("branched", "pld")  # below every tier: the source's plain route
+    assert keyed(tree(1.0, "suffix"), tiers) == Route("branched", "suffix")  # no tiers for that source
+    assert keyed(tree(1.0), {}) == Route("branched", "pld")  # tiers off: one route per source
+    assert keyed(tree(1.0, route="bypassed"), tiers) == Route("bypassed", "pld", 1.0)
     # str() writes a route as kind@lead^tier
     written = [str(keyed(tree(c), tiers)) for c in (1.0, 0.82, 0.3)]
-    assert written == ["spine@pld^1", "spine@pld^0.7", "spine@pld"]
-    assert str(Route("spine")) == "spine"
+    assert written == ["branched@pld^1", "branched@pld^0.7", "branched@pld"]
+    assert str(Route("branched")) == "branched"
     pol = _fit(latency=FLAT, source_priors={"pld": [(0.7, 0.3, 0.9), (1.0, 0.6, 0.95)]})
     assert pol.options.source_priors["pld"][0][0] == 1.0  # the highest tier a confidence reaches wins
-    assert _rates(pol, Route("spine", "pld", 1.0))[:3] == pytest.approx((0.6, 0.95, 0.95))
-    assert _rates(pol, Route("spine", "pld", 0.7))[:2] == pytest.approx((0.3, 0.9))
-    assert _rates(pol, Route("spine", "pld"))[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
+    assert _rates(pol, Route("branched", "pld", 1.0))[:3] == pytest.approx((0.6, 0.95, 0.95))
+    assert _rates(pol, Route("branched", "pld", 0.7))[:2] == pytest.approx((0.3, 0.9))
+    assert _rates(pol, Route("branched", "pld"))[0] == pytest.approx(0.1)  # untiered: the pessimistic prior
     # a tier's bypass route borrows depth 1 only from the same tier of its source
-    before = _rates(pol, Route("bypass", "pld", 0.7))[0]  # its model made before the counts change
+    before = _rates(pol, Route("bypassed", "pld", 0.7))[0]  # its model made before the counts change
     for _ in range(20):  # tier-0.7 chains wrong at depth 1, twenty times
         _booked(pol, tree(0.82), (0,), 9)
-    assert pol.route_counts[Route("spine", "pld", 0.7)].spine_trials[1] == 20
-    assert _rates(pol, Route("bypass", "pld", 1.0))[0] == pytest.approx(0.6)
-    assert _rates(pol, Route("bypass", "pld", 0.7))[0] < 0.1 < before
+    assert pol.route_counts[Route("branched", "pld", 0.7)].spine_trials[1] == 20
+    assert _rates(pol, Route("bypassed", "pld", 1.0))[0] == pytest.approx(0.6)
+    assert _rates(pol, Route("bypassed", "pld", 0.7))[0] < 0.1 < before
 
 
 def test_a_bypass_route_borrows_its_deeper_depths_from_every_tier_of_its_source():
@@ -813,9 +813,9 @@ def test_a_bypass_route_borrows_its_deeper_depths_from_every_tier_of_its_source(
     long matches have held through starts with that depth."""
     from goose.policies.fit import Route
 
-    def rates(other=Route("spine", "pld", 0.7)):
+    def rates(other=Route("branched", "pld", 0.7)):
         pol = _fit(latency=FLAT, source_priors=PLD_TIERS)
-        _rates(pol, Route("bypass", "pld", 1.0))  # made before the counts change: observing them must renew it
+        _rates(pol, Route("bypassed", "pld", 1.0))  # made before the counts change: observing them must renew it
         deep = _chain(other, depth=40)
         for _ in range(20):  # the other route's chains missed depth 1 half the time, else held as deep as kept
             _booked(pol, deep, None, 5)
@@ -824,13 +824,13 @@ def test_a_bypass_route_borrows_its_deeper_depths_from_every_tier_of_its_source(
         assert (c.spine_trials[1], c.spine_hits[1]) == (40, 20) and c.spine_hits[2] == c.spine_trials[2] == 20
         if other.lead == "pld":  # every one of the 40 depths kept and right
             assert c.spine_trials[40] == c.spine_hits[40] == 20
-        return _rates(pol, Route("bypass", "pld", 1.0))
+        return _rates(pol, Route("bypassed", "pld", 1.0))
 
     pooled = rates()
     assert pooled[0] == pytest.approx(0.7)  # depth 1: tier 1.0's calibrated start, not 0.5
     assert pooled[1] > 0.99 and pooled[31] > 0.99  # the depth tier 0.7 earned
     # another source's depth is not pld's: the calibrated floor only
-    other = rates(other=Route("spine", "suffix"))
+    other = rates(other=Route("branched", "suffix"))
     assert other[0] == pytest.approx(0.7) and other[1] == pytest.approx(0.9) and other[31] == pytest.approx(0.9)
 
 
@@ -885,12 +885,12 @@ def test_a_source_whose_name_looks_like_a_route_keeps_its_own_rates(name, other,
         deep = _chain(booked, depth=20)
         for _ in range(20):
             _booked(pol, deep, None, 5)
-        return _rates(pol, Route("bypass", other, 1.0)), _rates(pol, Route("bypass", name))
+        return _rates(pol, Route("bypassed", other, 1.0)), _rates(pol, Route("bypassed", name))
 
-    fresh_other, fresh_name = bypasses(Route("spine", "elsewhere"))
-    assert bypasses(Route("spine", name))[0] == fresh_other
-    assert bypasses(Route("spine", other, 1.0))[1] == fresh_name
-    assert bypasses(Route("chain", other))[0][1] > fresh_other[1]  # a route of the same source: borrowed
+    fresh_other, fresh_name = bypasses(Route("branched", "elsewhere"))
+    assert bypasses(Route("branched", name))[0] == fresh_other
+    assert bypasses(Route("branched", other, 1.0))[1] == fresh_name
+    assert bypasses(Route("path", other))[0][1] > fresh_other[1]  # a route of the same source: borrowed
 
 
 @pytest.mark.parametrize("tiers", [
@@ -923,7 +923,7 @@ def test_a_trusted_tier_drafts_its_first_chain_deep():
             @goose.hookimpl
             def goose_on_step(self, decoder, step):
                 if decoder is dec and step.tree.num_nodes > 1 and not seen:
-                    seen.append(sum(1 for o in step.tree.origins if o == "spine"))
+                    seen.append(sum(1 for o in step.tree.origins if o == "lead"))
 
         goose.register_plugin(Hook(), name="tier-probe")
         try:

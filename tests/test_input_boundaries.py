@@ -119,9 +119,9 @@ def test_lists_and_frozensets_of_names_are_taken():
     tree = goose.DraftTree.build([1, 2, 3], [-1, 0, 1], "branch", sources=[[], ["pld"], frozenset({"tr", "pld"})])
     assert tree.sources == ((), ("pld",), ("pld", "tr"))
     assert tree.credited(2) == ("pld", "tr")
-    assert goose.DraftTree.from_chain(1, [2, 3], "spine", source="pld").sources == ((), ("pld",), ("pld",))
+    assert goose.DraftTree.from_chain(1, [2, 3], "lead", source="pld").sources == ((), ("pld",), ("pld",))
     with pytest.raises(InvalidTreeError, match=r"from_chain: source \('pld',\) \(tuple\) is not allowed"):
-        goose.DraftTree.from_chain(1, [2, 3], "spine", source=("pld",))
+        goose.DraftTree.from_chain(1, [2, 3], "lead", source=("pld",))
 
 
 # -- components whose constructor raises ---------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_measured_rates_decide_the_spine_not_the_list_order():
     rates = SourceRates()
     good, bad = Drafted("good", (1, 2, 3), 0.5), Drafted("bad", (9, 9, 9, 9, 9), 0.5)
     assert rank([good, bad], rates)[0].source == "bad"  # unmeasured: the longer chain first
-    tree = DraftTree.build((0, 9, 1), (-1, 0, 0), ("root", "spine", "chain"), None, "spine",
+    tree = DraftTree.build((0, 9, 1), (-1, 0, 0), ("root", "lead", "side"), None, "branched",
                            ((), ("bad",), ("good",)), chains={"bad": (False, bad.tokens), "good": (False, good.tokens)})
     for _ in range(10):  # the target took 1, 2 (path through good's node, then the bonus 2)
         rates.observe(tree, (0, 2), 2)
@@ -129,15 +129,15 @@ def test_per_source_attribution_survives_every_policy():
         out = dec.generate(PROMPT, max_new_tokens=40)
         ps = out.stats.per_source
         assert "recall" in ps and ps["recall"]["accepted"] > 0, (policy, ps)
-        assert not {"spine", "branch", "root-branch"} & set(ps), ps  # sources, not roles
+        assert not {"lead", "side", "branch", "root-branch"} & set(ps), ps  # sources, not roles
         assert sum(v["drafted"] for v in out.stats.per_origin.values()) > 0
 
 
 # Measured with the single-spine code (commit 072f921, before the merge) by the same calls:
 # (forward passes, routes, accepted draft tokens) per policy, budget 20, two generations.
 PINNED_SINGLE = {
-    "spine": (62, {"single": 9, "spine": 52}, 18),
-    "spine-fit": (62, {"single": 9, "spine": 52}, 18),
+    "spine": (62, {"single": 9, "branched": 52}, 18),
+    "spine-fit": (62, {"single": 9, "branched": 52}, 18),
     "iso3": (67, {"single": 8, "iso": 58}, 13),
 }
 
@@ -256,7 +256,7 @@ def test_alternatives_gate_by_the_proposals_odds():
     assert (truth[0] + 2) % V not in kids  # the 0.01 path is under side_min
     # the whole alternative path is there, labelled a side chain of its source
     node = next(c for c in tree.children[0] if tree.tokens[c] == truth[0])
-    assert tree.origins[node] == "chain" and tree.sources[node] == ("forked",)
+    assert tree.origins[node] == "side" and tree.sources[node] == ("forked",)
     depth = 1
     while tree.children[node]:
         node = tree.children[node][0]

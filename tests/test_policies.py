@@ -127,7 +127,7 @@ def test_spine_budget_and_length(chain_len, conf, ema, budget, want_budget, want
     p = spine(srcs)
     p.ema = ema
     tree = p.shape(ctx(srcs, budget))
-    assert tree.route == "spine"
+    assert tree.route == "branched"
     assert tree.meta["spine_len"] == want_L
     assert tree.tokens[1 : want_L + 1] == CHAIN[:want_L]
     assert tree.parents[1 : want_L + 1] == tuple(range(want_L))
@@ -135,7 +135,7 @@ def test_spine_budget_and_length(chain_len, conf, ema, budget, want_budget, want
     if want_L < want_budget - 1:
         assert tree.num_nodes == want_budget  # a full table fills the budget
     c = counts(tree)
-    assert c["spine"] == want_L
+    assert c["lead"] == want_L
 
 
 def test_spine_root_and_spine_shares_and_harmonic_widths():
@@ -164,7 +164,7 @@ def test_spine_skips_chain_tokens_among_branches():
         toks = [tree.tokens[c] for c in kids]
         assert len(toks) == len(set(toks))
     assert [tree.tokens[c] for c in tree.children[0]].count(chain[0]) == 1
-    assert all(tree.tokens[c] not in chain for c in tree.children[0] if tree.origins[c] != "spine")
+    assert all(tree.tokens[c] not in chain for c in tree.children[0] if tree.origins[c] != "lead")
 
 
 def test_spine_bfs_widths_depths_and_scores():
@@ -176,11 +176,11 @@ def test_spine_bfs_widths_depths_and_scores():
             assert d[i] <= 6  # extension stops at depth 6
     # min_score 0.01: only the first three ranks are ever drafted
     for i in range(1, tree.num_nodes):
-        if tree.origins[i] != "spine":
+        if tree.origins[i] != "lead":
             kids = [c for c in tree.children[i]]
             assert len(kids) <= 3
     for i, kids in enumerate(tree.children):  # BFS width cap max(1, K // depth) under branch nodes
-        if i and tree.origins[i] != "spine":
+        if i and tree.origins[i] != "lead":
             assert len(kids) <= max(1, 10 // d[i])
 
 
@@ -188,15 +188,15 @@ def test_spine_routes():
     chain = CHAIN[:15]
     # table knows the anchor, chain -> spine tree
     srcs = [ChainStub(chain), SuccStub()]
-    assert spine(srcs).shape(ctx(srcs)).route == "spine"
+    assert spine(srcs).shape(ctx(srcs)).route == "branched"
     # table does not know the anchor, chain -> the plain chain
     srcs = [ChainStub(chain), SuccStub(known=set())]
     t = spine(srcs).shape(ctx(srcs))
-    assert t.route == "chain" and t.tokens[1:] == chain and set(t.origins[1:]) == {"spine"}
+    assert t.route == "path" and t.tokens[1:] == chain and set(t.origins[1:]) == {"lead"}
     # table knows the anchor, no chain -> a pure branch tree
     srcs = [ChainStub(()), SuccStub()]
     t = spine(srcs).shape(ctx(srcs))
-    assert t.route == "spine" and "spine" not in t.origins and t.num_nodes == 60
+    assert t.route == "branched" and "lead" not in t.origins and t.num_nodes == 60
     # nothing -> None (an ordinary step)
     srcs = [ChainStub(()), SuccStub(known=set())]
     assert spine(srcs).shape(ctx(srcs)) is None
@@ -250,7 +250,7 @@ def test_spine_ema_update_and_stats():
     assert p.ema == pytest.approx(0.3 * 4 / 10 + 0.7 * 0.5)
     s = p.stats()
     assert s["continuation_cycles"] == 1 and s["continuation_tokens"] == 1
-    assert s["spine_drafted"] == 10 and s["spine_accepted"] == 4 and s["routes"] == {"spine": 1}
+    assert s["lead_drafted"] == 10 and s["lead_accepted"] == 4 and s["routes"] == {"branched": 1}
     # a pure branch cycle leaves the EMA alone
     ema = p.ema
     srcs2 = [ChainStub(()), SuccStub()]
@@ -259,7 +259,7 @@ def test_spine_ema_update_and_stats():
                        torch.zeros(t2.num_nodes, 2), (0,) * t2.num_nodes, t2, (0,), (), 0))
     assert p.ema == ema
     p.begin(Request((1,), V, 10, 60))
-    assert p.ema == 0.5 and p.stats()["spine_drafted"] == 0
+    assert p.ema == 0.5 and p.stats()["lead_drafted"] == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,11 +274,11 @@ def bypass(sources, **opts):
 @pytest.mark.parametrize(
     "chain_len, conf, route",
     [
-        (100, 1.0, "bypass"),  # consensus, the chain fills the 100-node tree: one chain of 100
-        (99, 1.0, "bypass"),  # 99 + root = the largest spine tree
-        (98, 1.0, "spine"),  # one node would be left for a branch: the spine tree
-        (100, 0.9, "spine"),  # no consensus
-        (30, 1.0, "spine"),
+        (100, 1.0, "bypassed"),  # consensus, the chain fills the 100-node tree: one chain of 100
+        (99, 1.0, "bypassed"),  # 99 + root = the largest spine tree
+        (98, 1.0, "branched"),  # one node would be left for a branch: the spine tree
+        (100, 0.9, "branched"),  # no consensus
+        (30, 1.0, "branched"),
     ],
 )
 def test_bypass_collapses_only_a_filling_consensus_chain(chain_len, conf, route):
@@ -287,18 +287,18 @@ def test_bypass_collapses_only_a_filling_consensus_chain(chain_len, conf, route)
     t = p.shape(ctx(srcs, 60))
     assert t.route == route
     assert p.max_nodes(60) == 101 and t.num_nodes <= 101
-    if route == "bypass":
-        assert t.is_chain and t.tokens[1:] == CHAIN[:chain_len] and set(t.origins[1:]) == {"spine"}
+    if route == "bypassed":
+        assert t.is_chain and t.tokens[1:] == CHAIN[:chain_len] and set(t.origins[1:]) == {"lead"}
 
 
 def test_bypass_options_and_inner_policies():
     srcs = [ChainStub(CHAIN[:30], 1.0), SuccStub()]
     t = bypass(srcs, min_length=20).shape(ctx(srcs))
-    assert t.route == "bypass" and t.num_nodes == 31
+    assert t.route == "bypassed" and t.num_nodes == 31
     t = bypass(srcs, inner="iso3").shape(ctx(srcs))
     assert t.route == "iso"
     t = bypass(srcs, inner="iso3", min_length=10, max_chain=12).shape(ctx(srcs, max_depth=8))
-    assert t.route == "bypass" and t.num_nodes == 9  # cut to max_depth
+    assert t.route == "bypassed" and t.num_nodes == 9  # cut to max_depth
     with pytest.raises(goose.GooseError, match="Unknown tree policy"):
         BypassPolicy(BypassOptions(inner="nope"))
     with pytest.raises(goose.InvalidInputError, match="k"):
@@ -351,12 +351,12 @@ def test_isotropic_puts_the_chain_first():
     node, got = 0, []
     while True:
         kids = t.children[node]
-        if not kids or t.origins[kids[0]] != "spine":
+        if not kids or t.origins[kids[0]] != "lead":
             break
         node = kids[0]
         got.append(t.tokens[node])
     assert got == list(chain[: len(got)]) and len(got) == max(t.depths)
-    assert Counter(t.origins)["spine"] == len(got)
+    assert Counter(t.origins)["lead"] == len(got)
 
 
 def test_isotropic_routes_and_budget_extension():
@@ -364,7 +364,7 @@ def test_isotropic_routes_and_budget_extension():
     p = IsotropicPolicy(IsotropicOptions(k=3))
     p.bind(srcs)
     t = p.shape(ctx(srcs, 20))
-    assert t.route == "chain" and t.num_nodes == 20 + 20  # budget 20 + int(0.5 * 40)
+    assert t.route == "path" and t.num_nodes == 20 + 20  # budget 20 + int(0.5 * 40)
     srcs = [ChainStub(CHAIN, 0.5), SuccStub()]
     assert p.shape(ctx(srcs, 20)).num_nodes == 40
     assert p.max_nodes(20) == 60
@@ -422,7 +422,7 @@ def test_bind_refuses_no_sources_and_unknown_spine_source(policy):
 
 
 def test_only_one_kind_of_source_degrades_gracefully():
-    for sources, routes in ((["pld"], {"chain", "single"}), (["tr"], {"spine", "single"})):
+    for sources, routes in ((["pld"], {"path", "single"}), (["tr"], {"branched", "single"})):
         dec = goose.compose(ToyCausalLM(16), None, sources=sources, policy="spine", budget=20)
         prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
         out = dec.generate(prompt, max_new_tokens=30)
@@ -530,9 +530,9 @@ def test_oracle_spine_exercises_bypass_and_continuation():
     out = dec.generate(prompt, max_new_tokens=300)
     assert out.token_ids == reference_greedy(prompt, 300, TOY_V)
     pol = out.stats.extra["policy"]
-    assert out.stats.routes.get("bypass", 0) > 0 and pol["bypass_cycles"] == out.stats.routes["bypass"]
+    assert out.stats.routes.get("bypassed", 0) > 0 and pol["bypass_cycles"] == out.stats.routes["bypassed"]
     assert pol["continuation_cycles"] > 0 and out.stats.tau > 2
-    assert out.stats.per_origin["spine"]["accepted"] > 0 and out.stats.per_source["oracle"]["accepted"] > 0
+    assert out.stats.per_origin["lead"]["accepted"] > 0 and out.stats.per_source["oracle"]["accepted"] > 0
 
 
 def test_lossless_every_registered_policy_with_pld_tr():

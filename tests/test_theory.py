@@ -111,7 +111,7 @@ def trees(draw, max_nodes=25):
         spine.add(end)
         end = parents[end]
     origins = ["root"] + [
-        "spine" if i in spine else draw(st.sampled_from(["branch", "root-branch", "plugin"])) for i in range(1, n)
+        "lead" if i in spine else draw(st.sampled_from(["branch", "root-branch", "plugin"])) for i in range(1, n)
     ]
     return make_tree(parents, origins)
 
@@ -162,13 +162,13 @@ def test_model_rejects_what_it_cannot_model():
         AcceptanceModel((0.5,), (0.7, 0.6))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         AcceptanceModel((1.5,), ())
-    two_spines = make_tree([-1, 0, 0], ["root", "spine", "spine"])
+    two_spines = make_tree([-1, 0, 0], ["root", "lead", "lead"])
     with pytest.raises(ValueError, match="spine children"):
         AcceptanceModel((0.5,), (0.1,)).expected_tokens(two_spines)
 
 
 def test_model_reads_the_project_tree_type():
-    tree = DraftTree.build([7, 3, 4, 9, 5], [-1, 0, 1, 0, 1], ["root", "spine", "spine", "branch", "branch"])
+    tree = DraftTree.build([7, 3, 4, 9, 5], [-1, 0, 1, 0, 1], ["root", "lead", "lead", "branch", "branch"])
     m = AcceptanceModel((0.5,), (0.2,))
     assert m.expected_tokens(tree) == pytest.approx(1 + 0.5 + 0.25 + 0.5 * 0.2 + 0.5 * 0.5 * 0.2)
 
@@ -200,7 +200,7 @@ def test_spine_dp_equals_brute_force(p, q, budget, max_spine):
     best, _ = brute_force_best(model, budget, spine=True, max_spine=max_spine)
     assert value == pytest.approx(best, abs=1e-9)
     assert tree.num_nodes <= budget
-    assert max_spine is None or sum(o == "spine" for o in tree.origins) <= max_spine
+    assert max_spine is None or sum(o == "lead" for o in tree.origins) <= max_spine
     assert model.expected_tokens(tree) == pytest.approx(value, abs=1e-12)
 
 
@@ -223,7 +223,7 @@ def test_goose_tree_follows_the_rule(budget, chain, conf, ema, q):
     t = goose_tree(qv, rule)
     total = budget + int(conf * 40)
     assert t.num_nodes <= total
-    spine = [i for i, o in enumerate(t.origins) if o == "spine"]
+    spine = [i for i, o in enumerate(t.origins) if o == "lead"]
     L = rule.spine_length()
     assert len(spine) == L <= chain and spine == list(range(1, L + 1))  # one chain under the root
     # branch extension stops at depth 6 (branches hanging directly off deep spine nodes excepted)
@@ -333,7 +333,7 @@ def test_tree_never_accepts_fewer_than_its_spine_chain(data):
 
 def test_per_cycle_check_catches_a_forged_path():
     # spine 1 -> 2 under the root; the target's argmax accepts both, but the "log" stops at node 1
-    tokens, parents, origins = (0, 5, 6, 7), (-1, 0, 1, 0), ("root", "spine", "spine", "branch")
+    tokens, parents, origins = (0, 5, 6, 7), (-1, 0, 1, 0), ("root", "lead", "lead", "branch")
     argmax = (5, 6, 9, 9)
     assert greedy_walk(tokens, parents, origins, argmax) == (0, 1, 2)
     good = Record(tokens, parents, origins, (0, 1, 2), argmax=argmax)
@@ -417,14 +417,14 @@ def test_records_round_trip_and_reject_bad_paths(tmp_path):
     dump_records(recs, path)
     assert load_records(path) == recs
     with pytest.raises(ValueError, match="not a root-to-node path"):
-        Record((0, 1, 2), (-1, 0, 0), ("root", "spine", "branch"), (0, 1, 2))
+        Record((0, 1, 2), (-1, 0, 0), ("root", "lead", "branch"), (0, 1, 2))
     path.write_text(json.dumps({"tokens": [0], "parents": [-1], "origins": ["root"]}) + "\n")
     with pytest.raises(ValueError, match="missing"):
         load_records(path)
 
 
 def test_record_from_a_decoder_step_record():
-    tree = DraftTree.build([4, 5, 6, 8], [-1, 0, 1, 0], ["root", "spine", "spine", "branch"])
+    tree = DraftTree.build([4, 5, 6, 8], [-1, 0, 1, 0], ["root", "lead", "lead", "branch"])
     v = goose.Verified("tree", torch.tensor(tree.tokens), torch.tensor([-1, 4, 5, 4]), torch.zeros(4, 10),
                        (5, 7, 1, 1), tree, (0, 1), (5,), 7)
     rec = as_record(goose.StepRecord(3, tree, v, (5, 7), 0.0, 0.0), dataset="gsm8k", request=2)

@@ -71,7 +71,7 @@ def test_prune_keeps_exactly_the_shallow_nodes(tree, d):
 def test_constructors():
     c = goose.DraftTree.from_chain(5, [1, 2, 3], "pld")
     assert c.is_chain and c.parents == (-1, 0, 1, 2) and c.origins == ("root", "pld", "pld", "pld")
-    assert c.route == "chain" and goose.DraftTree.from_chain(5, [], "pld").route == "single"
+    assert c.route == "path" and goose.DraftTree.from_chain(5, [], "pld").route == "single"
     # Medusa-style choices: paths of child ranks from the root
     t = goose.DraftTree.from_choices(9, [(0,), (1,), (0, 0), (0, 1), (1, 0)], lambda path: 10 * len(path) + path[-1], "x")
     assert t.parents == (-1, 0, 0, 1, 1, 2)

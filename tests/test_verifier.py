@@ -33,7 +33,7 @@ def test_root_predecessor_by_route():
             assert v.tree.tokens[0] == seq[len(prompt) + produced - 1]
             produced += len(st.committed)
         assert produced == len(out.token_ids)
-        assert {s.tree.route for s in steps} <= {"single", "chain", "spine", "bypass"}
+        assert {s.tree.route for s in steps} <= {"single", "path", "branched", "bypassed"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -28,7 +28,7 @@ import numpy as np
 from goose.hookspecs import hookimpl
 from goose.policies.rates import shrunk
 from goose.theory.model import (
-    SPINE,
+    LEAD,
     AcceptanceModel,
     _children,
     _depths,
@@ -217,7 +217,7 @@ class Counts:
                 sum(v for k, v in self.spine_hits.items() if k >= pool_from))
 
 
-def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int], spine_origin: str = SPINE) -> None:
+def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int], spine_origin: str = LEAD) -> None:
     """Add one verified step's trials and hits to ``c`` (the estimators of the module docstring)."""
     kids = _children(parents)
     depth = _depths(parents)
@@ -243,7 +243,7 @@ def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: 
                 break
 
 
-def count(records: Iterable[Record], spine_origin: str = SPINE) -> Counts:
+def count(records: Iterable[Record], spine_origin: str = LEAD) -> Counts:
     c = Counts()
     for rec in records:
         try:
@@ -254,7 +254,7 @@ def count(records: Iterable[Record], spine_origin: str = SPINE) -> Counts:
 
 
 def smoothed(
-    c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = SPINE,
+    c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = LEAD,
     toward: Sequence[float] | None = None, start: tuple[float, float] | None = None,
 ) -> AcceptanceModel:
     """The online form of :func:`estimate`, for a model that must exist from the first step.
@@ -303,7 +303,7 @@ def _rank_vector(trials: dict[int, int], hits: dict[int, int]) -> tuple[float, .
     return tuple(float(x) for x in v)
 
 
-def estimate(records: Iterable[Record], pool_from: int = 8, spine_origin: str = SPINE) -> tuple[AcceptanceModel, Counts]:
+def estimate(records: Iterable[Record], pool_from: int = 8, spine_origin: str = LEAD) -> tuple[AcceptanceModel, Counts]:
     """Fit the model to records: ``p_1..p_{pool_from}`` (the last pooled over deeper depths), a
     pooled branch vector over every non-spine origin, and one vector per non-spine origin."""
     c = count(records, spine_origin)

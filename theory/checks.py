@@ -19,7 +19,7 @@ from goose.theory import sources as so
 from goose.theory.calibrate import Record, calibration_report, compare_tau, estimate, synthetic_records
 from goose.theory.model import (
     ROOT,
-    SPINE,
+    LEAD,
     AcceptanceModel,
     chain_accept_from_argmax,
     chain_accept_from_path,
@@ -97,7 +97,7 @@ def random_tree(rng: np.random.Generator, n: int, origins=(BRANCH, ROOT_BRANCH, 
     while end > 0:
         spine.add(end)
         end = parents[end]
-    labels = [ROOT] + [SPINE if i in spine else origins[int(rng.integers(0, len(origins)))] for i in range(1, n)]
+    labels = [ROOT] + [LEAD if i in spine else origins[int(rng.integers(0, len(origins)))] for i in range(1, n)]
     return make_tree(parents, labels)
 
 
@@ -327,7 +327,7 @@ def sweep_point(p: float, q: float, budget: int = BUDGET, chain: int = CHAIN) ->
         "spine": model.expected_tokens(goose_tree(qv, rule)),
         "tr_rule": model.expected_tokens(goose_tree(qv, SpineRule(budget=budget, chain_len=0))),
         "iso": iso[k_best], "iso_k": k_best, "tr_opt": seq, "pld": pld, "single": max(seq, pld),
-        "opt": opt, "opt_L": sum(o == SPINE for o in opt_tree.origins),
+        "opt": opt, "opt_L": sum(o == LEAD for o in opt_tree.origins),
     }
 
 

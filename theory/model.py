@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-SPINE = "spine"
+LEAD = "lead"  # origin of the spine's nodes
 ROOT = "root"
 RATE_TOL = 1e-9
 
@@ -52,7 +52,7 @@ class AcceptanceModel:
     spine: tuple[float, ...] = ()
     branch: tuple[float, ...] = ()
     per_origin: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    spine_origin: str = SPINE
+    spine_origin: str = LEAD
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spine", _rates("spine", self.spine))
@@ -244,7 +244,7 @@ def path_to(parents: Sequence[int], node: int) -> tuple[int, ...]:
 # The greedy walk against known target tokens (logged records) and the spine-only re-walk
 # ---------------------------------------------------------------------------------------------
 def greedy_walk(
-    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = SPINE
+    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = LEAD
 ) -> tuple[int, ...]:
     """The verifier's walk: from the root move to the child whose token is the target's argmax at
     the current node, preferring the spine child; stop when none matches. Returns the path."""
@@ -259,7 +259,7 @@ def greedy_walk(
         path.append(spine[0] if spine else match[0])
 
 
-def spine_chain(parents: Sequence[int], origins: Sequence[str], spine_origin: str = SPINE) -> tuple[int, ...]:
+def spine_chain(parents: Sequence[int], origins: Sequence[str], spine_origin: str = LEAD) -> tuple[int, ...]:
     """The spine as node indices: root, then the spine child of each spine node in turn."""
     kids = _children(parents)
     chain = [0]
@@ -271,7 +271,7 @@ def spine_chain(parents: Sequence[int], origins: Sequence[str], spine_origin: st
 
 
 def chain_accept_from_argmax(
-    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = SPINE
+    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = LEAD
 ) -> int:
     """Accepted tokens if the spine alone had been verified as a plain chain (the PLD chain).
 
@@ -288,7 +288,7 @@ def chain_accept_from_argmax(
     return n
 
 
-def chain_accept_from_path(origins: Sequence[str], path: Sequence[int], spine_origin: str = SPINE) -> int:
+def chain_accept_from_path(origins: Sequence[str], path: Sequence[int], spine_origin: str = LEAD) -> int:
     """The same from the accepted path alone: the number of leading spine nodes on it.
 
     Valid for paths the greedy walk produced: the walk takes the spine child whenever it matches,

@@ -28,11 +28,11 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from goose.theory.model import ROOT, SPINE, AcceptanceModel, greedy_walk, simulate_tokens as simulate_tr
+from goose.theory.model import ROOT, LEAD, AcceptanceModel, greedy_walk, simulate_tokens as simulate_tr
 from goose.theory.trees import BRANCH, forest_values, isotropic_tree, optimal_single_source
 from goose.tree import DraftTree
 
-SIDE = "chain"  # the origin policies/chains.py gives another source's chain where it leaves the spine
+SIDE = "side"  # the origin policies/chains.py gives another source's chain where it leaves the spine
 PRIOR, PRIOR_WEIGHT = 0.25, 4.0  # goose.policies.rates.SourceRates' shrinkage: shrunk(hits, trials, 0.25, 4)
 TIE = 1e-12
 
@@ -299,7 +299,7 @@ def realize(src: Sources, plan: Plan, A: Sequence[int]) -> tuple[DraftTree, list
         return len(tokens) - 1
 
     for d in range(plan.spine):
-        add(d, lead[d], SPINE)
+        add(d, lead[d], LEAD)
     drafted = [plan.spine if s == plan.leader else 0 for s in range(src.n)]
     for s, c in enumerate(chains):
         if s == plan.leader:
@@ -327,7 +327,7 @@ def chain_walk(tree: DraftTree) -> tuple[int, bool]:
     depth = tree.depths
     argmax = [depth[v] + 1 if v == 0 or tree.tokens[v] == depth[v] else -1 for v in range(tree.num_nodes)]
     end = greedy_walk(tree.tokens, tree.parents, tree.origins, argmax)[-1]
-    return depth[end], tree.origins[end] in (ROOT, SPINE)
+    return depth[end], tree.origins[end] in (ROOT, LEAD)
 
 
 def enumerate_value(src: Sources, plan: Plan) -> float:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from goose.policies.spine import harmonic_split  # the deployed rule, as the policy runs it
-from goose.theory.model import ROOT, SPINE, AcceptanceModel, _depths
+from goose.theory.model import ROOT, LEAD, AcceptanceModel, _depths
 from goose.tree import DraftTree
 
 BRANCH = "branch"
@@ -35,9 +35,9 @@ def make_tree(parents: Sequence[int], origins: Sequence[str], route: str = "tree
 # ---------------------------------------------------------------------------------------------
 # Simple shapes
 # ---------------------------------------------------------------------------------------------
-def chain_tree(length: int, origin: str = SPINE) -> DraftTree:
+def chain_tree(length: int, origin: str = LEAD) -> DraftTree:
     """Root plus a chain of ``length`` nodes (the PLD chain when ``origin`` is the spine)."""
-    return make_tree(tuple(range(-1, length)), (ROOT,) + (origin,) * length, "chain")
+    return make_tree(tuple(range(-1, length)), (ROOT,) + (origin,) * length, "path")
 
 
 def spine_with_branches(widths: Sequence[int], origin: str = BRANCH) -> DraftTree:
@@ -47,13 +47,13 @@ def spine_with_branches(widths: Sequence[int], origin: str = BRANCH) -> DraftTre
     spine_nodes = [0]
     for _ in range(L):
         parents.append(spine_nodes[-1])
-        origins.append(SPINE)
+        origins.append(LEAD)
         spine_nodes.append(len(parents) - 1)
     for d, b in enumerate(widths):
         for _ in range(b):
             parents.append(spine_nodes[d])
             origins.append(origin)
-    return make_tree(parents, origins, "spine")
+    return make_tree(parents, origins, "branched")
 
 
 def isotropic_tree(k: int, budget: int, max_depth: int = 6, origin: str = BRANCH) -> DraftTree:
@@ -120,7 +120,7 @@ def goose_tree(q: Sequence[float], rule: SpineRule = SpineRule()) -> DraftTree:
 
     spine = [0]
     for _ in range(L):
-        spine.append(add(spine[-1], SPINE))
+        spine.append(add(spine[-1], LEAD))
     branch_budget = budget - 1 - L
     if L > 0 and branch_budget > 0:
         spine_share = max(1, int(branch_budget * rule.spine_branch_ratio))
@@ -154,7 +154,7 @@ def goose_tree(q: Sequence[float], rule: SpineRule = SpineRule()) -> DraftTree:
             remaining -= 1
             if depth[c] < rule.max_branch_depth:
                 frontier.append((c, scores[r]))
-    return make_tree(parents, origins, "spine")
+    return make_tree(parents, origins, "branched")
 
 
 def stationary_rule(p: Sequence[float], rule: SpineRule = SpineRule(), steps: int = 300) -> SpineRule:
@@ -326,7 +326,7 @@ def optimal_spine_tree(
         k = int(cont_k[i, m])
         branch_plan.append((node, k))
         parents.append(node)
-        origins.append(SPINE)
+        origins.append(LEAD)
         node, i, m = len(parents) - 1, i + 1, m - 1 - k
     branch_plan.append((node, m))
     for at, k in branch_plan:
@@ -377,7 +377,7 @@ def brute_force_best(
                     u = parents[u]
                 if max_spine is not None and len(on_path) > max_spine:
                     continue
-                origins = [ROOT] + [SPINE if i in on_path else BRANCH for i in range(1, n)]
+                origins = [ROOT] + [LEAD if i in on_path else BRANCH for i in range(1, n)]
                 t = make_tree(parents, origins)
                 v = model.expected_tokens(t)
                 if v > best_v + 1e-12:

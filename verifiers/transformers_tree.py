@@ -30,7 +30,7 @@ from goose.verifiers import cache as kv_cache
 MASK_HONOURING = ("eager", "sdpa")  # attention implementations that honour an arbitrary 4-D additive mask
 # Routes on which the root's predecessor (the token before the anchor) is reported to observers, as the
 # reference does on its chain and single-step routes; on tree routes the root has none.
-ROOT_PREDECESSOR_ROUTES = frozenset({"single", "chain", "bypass"})
+ROOT_PREDECESSOR_ROUTES = frozenset({"single", "path", "bypassed"})
 
 
 class TreeVerifierOptions(Options):

@@ -261,7 +261,7 @@ if st is not None:
             used.add((p, t))
             tokens.append(t)
             parents.append(p)
-        origins = ["root"] + [draw(st.sampled_from(["spine", "branch", "x"])) for _ in tokens[1:]]
+        origins = ["root"] + [draw(st.sampled_from(["lead", "branch", "x"])) for _ in tokens[1:]]
         return DraftTree.build(tokens, parents, origins)
 
 else:  # pragma: no cover

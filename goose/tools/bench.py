@@ -27,7 +27,7 @@ from goose.tools import datasets, models
 from goose.tools.plots import bench_plots
 from goose.verifiers import machine
 
-CONTEXT_ORIGINS = ("spine", "pld", "pld-latest", "context")
+CONTEXT_ORIGINS = ("lead", "pld", "pld-latest", "context")
 RECYCLE_ORIGINS = ("branch", "root-branch", "tr", "tr-original")
 
 METHODS_HELP = (

@@ -76,7 +76,7 @@ def bench_plots(rows: list[dict], out: Path, tree_step=None) -> list[Path]:
     return paths
 
 
-COLORS = {"root": "#444444", "spine": "#1f77b4", "pld": "#1f77b4", "branch": "#ff7f0e", "root-branch": "#2ca02c"}
+COLORS = {"root": "#444444", "lead": "#1f77b4", "pld": "#1f77b4", "branch": "#ff7f0e", "root-branch": "#2ca02c"}
 
 
 def draw_tree(tree, path, file: Path, title: str = "") -> None:
