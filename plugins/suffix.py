@@ -1,60 +1,39 @@
 """Suffix matching over the request and a history of earlier generations (SuffixDecoding-style).
 
-The source ``suffix`` drafts what followed the longest suffix of the current text wherever it
-occurred before: earlier in this request (prompt + committed tokens) or in the prompt and output
-of earlier requests of the same decoder (the *history*). Where that suffix occurred several times
-with different continuations, the proposal is a **tree** whose branches are weighted by how often
-each continuation followed it (after the idea of SuffixDecoding, Oliaro et al., arXiv 2411.04975;
-written from the paper's description).
+The source ``suffix`` drafts what followed the longest suffix of the current text wherever it occurred before:
+earlier in this request (prompt + committed tokens) or in the prompt and output of earlier requests of the same
+decoder (the *history*). Where that suffix occurred with different continuations, the proposal is a **tree**
+whose branches are weighted by how often each followed it (after SuffixDecoding, Oliaro et al., arXiv
+2411.04975; written from the paper's description).
 
-Index. Text is kept in *segments*: the current request (appended to as tokens are committed) and
-one frozen segment per remembered request. Each segment indexes, for a few pattern lengths
-``n`` (``min_pattern``, doubling up to ``max_pattern``: 2, 4, 8, 16, 32 by default), every
-n-gram that has a following token: per length, a dict maps the n-gram's hash to its latest end
-position and a 4-byte array chains each end position to the previous one with the same hash, so
-occurrences are walked most recent first. The hash (:func:`ngram_hash`, a polynomial mod 2**64)
-is read from the segment's prefix hashes, so appending a token costs a few integer operations
-per indexed length; a long append (a new prompt) is hashed and chained with numpy at once. Each
-``propose`` indexes only positions committed since the last call.
+Index (:class:`_Segment`): the current request (appended to as tokens are committed) and each remembered request
+are segments, each indexing every n-gram that has a following token, for ``n`` = ``min_pattern`` doubling up to
+``max_pattern`` (2, 4, 8, 16, 32 by default). Each ``propose`` indexes only positions committed since the last.
 
-Lookup. From the longest indexed length down, the query suffix's hash is looked up in every
-segment (current request first, then the history newest first); at the first length ``n`` with a
-hit, at most ``max_occurrences`` occurrences are taken (most recent first), each is checked
-token by token (hashes may collide) and extended backwards to its exact match length (less than
-the next indexed length, which missed, and at most ``max_pattern``). The **pattern** is the
-longest of these match lengths, ``m``; the occurrences that match ``m`` tokens are the ones whose
-continuations are counted (counts are not mixed across pattern lengths).
+Lookup (:meth:`SuffixSource._match`): from the longest indexed length down, in every segment (the current request
+first, then the history newest first). At the first length ``n`` with a hit, at most ``max_occurrences``
+occurrences are taken, most recent first, each checked token by token (hashes may collide) and extended
+backwards to its exact match length (below the next indexed length, which missed, and at most ``max_pattern``).
+The **pattern** ``m`` is the longest of these; only the occurrences that match ``m`` tokens are counted.
 
-Tree. The continuations form a trie: a node's count is the number of those occurrences whose
-text continues with its path. Its score is the estimated probability of reaching it, the product
-of the conditional fractions ``count(child) / count(parent)`` along its path (an occurrence whose
-text ends is counted in the parent, so the estimate is conservative). Nodes are grown best-first
-by score (ties: the more recent occurrence) until ``max_nodes`` nodes, depth
-``min(max_depth, state.max_depth)``, or scores below ``min_prob``. Siblings are distinct tokens,
-ordered by frequency; tokens outside ``[0, vocab_size)`` are never proposed. The proposal lists
-the **likeliest chain** first (from the root, the most frequent child at each node, down to a
-leaf: nodes ``0..k-1`` with parents ``-1, 0, ..., k-2``), so a policy that reads a tree
-proposal's first root-to-leaf path reads that chain; the other branches follow, parents before
-children.
+Tree (:meth:`SuffixSource._grow`): a node's score is the estimated probability of reaching it, the product of
+``count(child) / count(parent)`` along its path (an occurrence whose text ends is counted in the parent, so the
+estimate is conservative). Nodes are grown best-first by score (ties: the more recent occurrence) until
+``max_nodes`` nodes, depth ``min(max_depth, state.max_depth)``, or scores below ``min_prob``. Siblings are
+distinct tokens in ``[0, vocab_size)``, by frequency. The **likeliest chain** (the most frequent child at each
+node) comes first, as nodes ``0..k-1`` with parents ``-1, 0, ..., k-2``, so a policy that reads a tree
+proposal's first root-to-leaf path reads it; the other branches follow, parents before children.
 
-Confidence (in [0, 1]):
+Confidence, in [0, 1): ``p1 * (1 - 2 ** (-m / 4)) * (1.0 if n1 >= 2 else 0.8)``, with ``p1`` the estimated
+probability of the chain's first token and ``n1`` its count: a longer match and a continuation seen more than once
+mean a likelier chain (m = 4: 0.5, 8: 0.75, 16: 0.94, 32: 0.996 of ``p1``). Always below 1, so a spine policy
+never bypasses its tree for this source alone.
 
-    confidence = p1 * (1 - 2 ** (-m / 4)) * (1.0 if n1 >= 2 else 0.8)
-
-with ``p1`` the estimated probability of the chain's first token (its count over the occurrences
-counted), ``n1`` that count and ``m`` the pattern length: a longer match and a continuation seen
-more than once mean a likelier chain (m = 4: 0.5, 8: 0.75, 16: 0.94, 32: 0.996 of ``p1``). It is
-always below 1, so a spine policy never bypasses its tree for this source alone.
-
-History. Each ``generate`` of a decoder runs on its own pooled set of components; **all sets of
-one decoder share one history** (:class:`SuffixHistory` returns itself from ``copy.deepcopy``),
-so concurrent requests learn from each other's finished generations, while the current request's
-index is per set. Appends and evictions take the history's lock; readers take it only to read the
-current tuple of segments, which are immutable once in the history. Another ``goose.compose``
-builds a new source with a history of its own. ``end(output)`` adds the request (its prompt,
-unless ``history_prompts=False``, and its committed tokens); the oldest requests, with their
-index, are evicted beyond ``history`` requests or ``history_tokens`` tokens (a single request
-longer than ``history_tokens`` is not kept).
+History (:class:`SuffixHistory`): **all component sets of one decoder share one history**, so concurrent requests
+learn from each other's finished generations, while the current request's index is per set; another
+``goose.compose`` builds a new source with a history of its own. ``end(output)`` adds the request (its prompt
+unless ``history_prompts=False``, and its committed tokens); the oldest requests, with their index, are evicted
+beyond ``history`` requests or ``history_tokens`` tokens (a single request longer than that is not kept).
 """
 
 from __future__ import annotations
@@ -120,9 +99,7 @@ class SuffixOptions(Options):
     @model_validator(mode="after")
     def _patterns(self):
         if self.min_pattern > self.max_pattern:
-            raise ValueError(
-                f"min_pattern ({self.min_pattern}) must be <= max_pattern ({self.max_pattern})"
-            )
+            raise ValueError(f"min_pattern ({self.min_pattern}) must be <= max_pattern ({self.max_pattern})")
         return self
 
 
@@ -160,10 +137,11 @@ def ngram_hash(tokens: Sequence[int]) -> int:
 
 
 class _Segment:
-    """One text (a request's tokens) and its n-gram index for the lengths in ``lengths`` (module
-    docstring, "Index"): ``last[k]`` maps the hash of an n-gram (n = lengths[k]) to its latest end
-    position e, ``prev[k][e]`` is the previous end with the same hash (-1: none), ``ph[e]`` the
-    hash of tokens 0..e. Only ends with a following token (e <= len(tokens) - 2) are indexed."""
+    """One text (a request's tokens) and its n-gram index for the lengths in ``lengths``: ``last[k]`` maps the
+    hash of an n-gram (n = lengths[k]) to its latest end position e, ``prev[k][e]`` is the previous end with the
+    same hash (-1: none), so occurrences are walked most recent first. The hash (:func:`ngram_hash`) is read from
+    the prefix hashes ``ph[e]`` (of tokens 0..e), so an append costs a few integer operations per length; a long
+    one is hashed and chained with numpy. Only ends with a following token (e <= len(tokens) - 2) are indexed."""
 
     __slots__ = ("lengths", "tokens", "last", "prev", "indexed", "frozen", "ph", "_pow", "_nbytes", "__weakref__")
 
@@ -281,10 +259,9 @@ class _Segment:
 
 
 class SuffixHistory:
-    """Earlier requests of one decoder, as frozen segments, oldest first; bounded; thread-safe.
-
-    Shared by every component set of the decoder: ``copy.deepcopy`` returns the same object.
-    """
+    """Earlier requests of one decoder, as frozen segments, oldest first; bounded; thread-safe: appends and
+    evictions take the lock, readers only to read the tuple of segments (immutable once here). Shared by every
+    component set of the decoder: ``copy.deepcopy`` returns the same object."""
 
     def __init__(self, max_requests: int, max_tokens: int):
         self.max_requests = max_requests
@@ -358,14 +335,9 @@ def _continuations(members: list, vocab: int | None) -> dict[int, list]:
     their text's end, and tokens outside ``[0, vocab)``, are left out."""
     groups: dict[int, list] = {}
     for seq, pos in members:
-        if pos < len(seq):
-            t = seq[pos]
-            if t < 0 or (vocab is not None and t >= vocab):
-                continue
-            g = groups.get(t)
-            if g is None:
-                groups[t] = g = []
-            g.append((seq, pos + 1))
+        t = seq[pos] if pos < len(seq) else -1
+        if t >= 0 and (vocab is None or t < vocab):
+            groups.setdefault(t, []).append((seq, pos + 1))
     return groups
 
 
@@ -473,7 +445,7 @@ class SuffixSource(DraftSource):
         pattern, occ = self._match(q, segs)
         if not occ:
             return None
-        tree = self._grow(occ, depth_cap) if o.tree else self._chain(occ, depth_cap)
+        tree = self._grow(occ, depth_cap)
         if tree is None:
             return None
         toks, parents, scores, counts, chain_len = tree
@@ -482,117 +454,65 @@ class SuffixSource(DraftSource):
         self.proposals += 1
         if n_hist:
             self.history_proposals += 1
-        return Proposal(
-            self.name, tuple(toks), tuple(parents), tuple(scores), conf,
-            info={"match_len": chain_len, "pattern": pattern, "occurrences": len(occ), "from_history": n_hist},
-        )
-
-    def _chain(self, occ: list[tuple[_Segment, int]], depth_cap: int):
-        """The likeliest chain alone (``tree=False``): from the root, the most frequent continuation at each
-        depth (ties: the more recent occurrence), while its score stays at least ``min_prob``; the tree's
-        first chain, less any cut ``max_nodes`` makes there."""
-        o = self.options
-        vocab = self.vocab_size
-        members = [(seg.tokens, e + 1) for seg, e in occ]
-        toks: list[int] = []
-        scores: list[float] = []
-        counts: list[int] = []
-        score = 1.0
-        while members and len(toks) < min(depth_cap, o.max_nodes):
-            groups = _continuations(members, vocab)  # the first group of the largest size is the most recent
-            if not groups:
-                break
-            t, g = max(groups.items(), key=lambda kv: len(kv[1]))
-            s = score * len(g) / len(members)
-            if s < o.min_prob or s <= 0.0:
-                break
-            toks.append(t)
-            scores.append(s)
-            counts.append(len(g))
-            score, members = s, g
-        if not toks:
-            return None
-        return toks, list(range(-1, len(toks) - 1)), scores, counts, len(toks)
+        info = {"match_len": chain_len, "pattern": pattern, "occurrences": len(occ), "from_history": n_hist}
+        return Proposal(self.name, toks, parents, scores, conf, info=info)
 
     def _grow(self, occ: list[tuple[_Segment, int]], depth_cap: int):
-        """Best-first tree over the occurrences' continuations; the likeliest chain first."""
+        """Best-first tree over the occurrences' continuations, the likeliest chain first: ``(tokens, parents,
+        scores, counts, chain length)`` or None. With ``tree=False`` each node grows only its likeliest child,
+        so the proposal is that chain alone (the tree's first chain, less any cut ``max_nodes`` makes there)."""
         o = self.options
         vocab = self.vocab_size
-        min_prob = o.min_prob
+        width = None if o.tree else 1
         heap: list = []
         counter = 0
 
         def expand(parent: int, depth: int, score: float, members: list) -> None:
             nonlocal counter
-            groups = _continuations(members, vocab)  # a tie goes to the more recent occurrence
+            groups = _continuations(members, vocab)
             total = len(members)
-            for t, g in sorted(groups.items(), key=lambda kv: -len(kv[1])):  # stable: recency among ties
+            for t, g in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:width]:  # stable: recency among ties
                 s = score * len(g) / total
-                if s < min_prob or s <= 0.0:
+                if s < o.min_prob or s <= 0.0:
                     break
                 heapq.heappush(heap, (-s, counter, parent, t, depth, g))
                 counter += 1
 
         expand(-1, 1, 1.0, [(seg.tokens, e + 1) for seg, e in occ])
-        toks: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []
-        counts: list[int] = []
+        nodes: list[tuple[int, int, float, int]] = []  # (token, parent, score, count)
         first_child: dict[int, int] = {}
-        while heap and len(toks) < o.max_nodes:
+        while heap and len(nodes) < o.max_nodes:
             neg, _, parent, t, depth, g = heapq.heappop(heap)
-            i = len(toks)
-            toks.append(t)
-            parents.append(parent)
-            scores.append(-neg)
-            counts.append(len(g))
-            first_child.setdefault(parent, i)  # siblings pop best first: the first is the likeliest
+            first_child.setdefault(parent, len(nodes))  # siblings pop best first: the first is the likeliest
+            nodes.append((t, parent, -neg, len(g)))
             if depth < depth_cap:
-                expand(i, depth + 1, -neg, g)
-        if not toks:
+                expand(len(nodes) - 1, depth + 1, -neg, g)
+        if not nodes:
             return None
-        chain = []
-        node = first_child.get(-1)
-        while node is not None:
-            chain.append(node)
-            node = first_child.get(node)
+        chain = [first_child[-1]]
+        while chain[-1] in first_child:
+            chain.append(first_child[chain[-1]])
         on_chain = set(chain)
-        order = chain + [i for i in range(len(toks)) if i not in on_chain]
+        order = chain + [i for i in range(len(nodes)) if i not in on_chain]
         where = {old: new for new, old in enumerate(order)}
-        return (
-            [toks[i] for i in order],
-            [-1 if parents[i] < 0 else where[parents[i]] for i in order],
-            [scores[i] for i in order],
-            [counts[i] for i in order],
-            len(chain),
-        )
+        renumbered = ((t, where.get(p, -1), sc, c) for t, p, sc, c in (nodes[i] for i in order))
+        toks, parents, scores, counts = zip(*renumbered)
+        return toks, parents, scores, counts, len(chain)
 
     # -- reporting -----------------------------------------------------------------------------
     def index_size(self) -> dict:
         """Index entries and approximate bytes: the history's, the current request's, and in all."""
         h_entries, h_bytes = self.history.index_size()
         live = self.live
-        l_entries = live.entries() if live is not None else 0
-        l_bytes = live.nbytes() if live is not None else 0
-        return {
-            "history_entries": h_entries,
-            "history_bytes": h_bytes,
-            "request_entries": l_entries,
-            "request_bytes": l_bytes,
-            "entries": h_entries + l_entries,
-            "bytes": h_bytes + l_bytes,
-        }
+        l_entries, l_bytes = (0, 0) if live is None else (live.entries(), live.nbytes())
+        return {"history_entries": h_entries, "history_bytes": h_bytes, "request_entries": l_entries,
+                "request_bytes": l_bytes, "entries": h_entries + l_entries, "bytes": h_bytes + l_bytes}
 
     def stats(self) -> dict:
         size = self.index_size()
-        return {
-            "proposals": self.proposals,
-            "history_proposals": self.history_proposals,
-            "history_requests": len(self.history),
-            "history_tokens": self.history.tokens,
-            "index_entries": size["entries"],
-            "index_mib": size["bytes"] / 2**20,
-        }
+        return {"proposals": self.proposals, "history_proposals": self.history_proposals,
+                "history_requests": len(self.history), "history_tokens": self.history.tokens,
+                "index_entries": size["entries"], "index_mib": size["bytes"] / 2**20}
 
 
 @hookimpl(trylast=True)
