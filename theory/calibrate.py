@@ -1,19 +1,6 @@
-"""Calibration: estimate ``p_d`` and ``q_r`` from logged verification steps, predict tau, compare.
-
-A *record* is one verification step: the verified tree (tokens, parents, origins), the accepted
-path (node indices, root first), optionally the tokens committed (after stop / length cuts;
-default ``len(path)``) and the target's argmax at every node; written as JSON lines
-(docs/theory.md, "Calibration on real runs", which also states the estimators).
-
-- ``p_d``: of the steps whose accepted path holds the parent of a spine node at depth d, the
-  fraction that accept it; depths >= ``pool_from`` pooled into one rate.
-- ``q^o_r``: at every accepted node whose spine child (if any) and earlier origin groups all
-  missed, each child of origin o and rank r is a trial, a hit when the path goes through it; a
-  vector that sampling noise pushes past sum 1 is scaled down to 1.
-
-Prediction: ``tau = (R + sum_s E_model[tokens | tree_s]) / (R + S)`` for R requests (each prefill
-commits one token) and S steps; a step whose commit was cut counts its actual commit on both sides.
-"""
+"""Calibration: estimate ``p_d`` and ``q_r`` from logged verification steps (records), predict tau
+and compare it with the measured one. docs/theory.md, "Calibration on real runs", gives the record
+format, the estimators and the prediction."""
 
 from __future__ import annotations
 
@@ -30,9 +17,9 @@ from goose.policies.rates import shrunk
 from goose.theory.model import (
     LEAD,
     AcceptanceModel,
-    _children,
     _depths,
-    _origin_groups,
+    _layout,
+    _spine_child,
     independent_ranks,
     path_to,
     simulate_walks,
@@ -41,7 +28,7 @@ from goose.theory.model import (
 
 @dataclass(frozen=True)
 class Record:
-    """One logged verification step (see the module docstring for the JSON form)."""
+    """One logged verification step (docs/theory.md, "Records", gives its JSON form)."""
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
@@ -54,19 +41,17 @@ class Record:
     argmax: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        n = len(self.parents)
+        n, where = len(self.parents), f"record {self.dataset}/{self.request}/{self.step}"
         if not (len(self.tokens) == len(self.origins) == n) or n == 0 or self.parents[0] != -1:
-            raise ValueError(f"record {self.dataset}/{self.request}/{self.step}: malformed tree")
+            raise ValueError(f"{where}: malformed tree")
         if not self.path or self.path[0] != 0:
-            raise ValueError(f"record {self.dataset}/{self.request}/{self.step}: path must start at the root 0")
+            raise ValueError(f"{where}: path must start at the root 0")
         for a, b in zip(self.path[:-1], self.path[1:], strict=True):
             if not (0 < b < n) or self.parents[b] != a:
-                raise ValueError(
-                    f"record {self.dataset}/{self.request}/{self.step}: path {list(self.path)} is not a "
-                    f"root-to-node path of the tree (node {b} is not a child of {a})"
-                )
+                raise ValueError(f"{where}: path {list(self.path)} is not a root-to-node path of the tree "
+                                 f"(node {b} is not a child of {a})")
         if self.argmax is not None and len(self.argmax) != n:
-            raise ValueError(f"record {self.dataset}/{self.request}/{self.step}: argmax needs one entry per node")
+            raise ValueError(f"{where}: argmax needs one entry per node")
 
     @property
     def tokens_committed(self) -> int:
@@ -77,20 +62,9 @@ class Record:
         return self.tokens_committed < len(self.path)
 
     def to_json(self) -> dict:
-        d = {
-            "dataset": self.dataset,
-            "request": self.request,
-            "step": self.step,
-            "tokens": list(self.tokens),
-            "parents": list(self.parents),
-            "origins": list(self.origins),
-            "path": list(self.path),
-        }
-        if self.committed is not None:
-            d["committed"] = self.committed
-        if self.argmax is not None:
-            d["argmax"] = list(self.argmax)
-        return d
+        d = {k: getattr(self, k) for k in ("dataset", "request", "step", "tokens", "parents", "origins", "path")}
+        d.update({k: getattr(self, k) for k in ("committed", "argmax") if getattr(self, k) is not None})
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
     def from_json(cls, d: dict) -> Record:
@@ -121,14 +95,9 @@ def record_from_step(step, dataset: str = "default", request: int | str = 0) -> 
 
 
 class Recorder:
-    """A goose plugin that logs every verification step as a :class:`Record`.
-
-    ``goose.register_plugin(Recorder("gsm8k"))`` before ``generate``; ``recorder.records`` then
-    holds one record per step, one request per ``generate`` call. ``StepRecord.committed`` is
-    already cut at a stop token and at ``max_new_tokens``; at the end of each generation the last
-    step's count is re-derived from the output's ``generated_tokens`` as a guard, so the records
-    reproduce ``Stats.tau`` exactly.
-    """
+    """A goose plugin (``goose.register_plugin(Recorder("gsm8k"))``) that logs every verification step
+    as a :class:`Record`, one request per ``generate`` call. The last step's commit is re-derived from
+    the output's ``generated_tokens`` as a guard, so the records reproduce ``Stats.tau`` exactly."""
 
     def __init__(self, dataset: str = "default") -> None:
         self.dataset = dataset
@@ -218,28 +187,23 @@ class Counts:
 
 
 def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int], spine_origin: str = LEAD) -> None:
-    """Add one verified step's trials and hits to ``c`` (the estimators of the module docstring)."""
-    kids = _children(parents)
+    """Add one verified step's trials and hits to ``c`` (the estimators of docs/theory.md)."""
     depth = _depths(parents)
-    nxt = {a: b for a, b in zip(path[:-1], path[1:], strict=True)}
+    spine, groups = _layout(parents, origins, spine_origin)
+    nxt = dict(zip(path[:-1], path[1:], strict=True))
     for u in path:
-        taken = nxt.get(u)
-        spine = [k for k in kids[u] if origins[k] == spine_origin]
-        if len(spine) > 1:
-            raise ValueError(f"node {u} has several spine children")
-        if spine:
-            c.spine_trials[depth[spine[0]]] += 1
-            if taken == spine[0]:
-                c.spine_hits[depth[spine[0]]] += 1
+        taken, s = nxt.get(u), _spine_child(spine, u)
+        if s >= 0:
+            c.spine_trials[depth[s]] += 1
+            if taken == s:
+                c.spine_hits[depth[s]] += 1
                 continue
-        for origin, group in _origin_groups(kids[u], origins, spine_origin):
-            hit = False
+        for origin, group in groups[u].items():
             for r, k in enumerate(group, 1):
                 c.rank_trials[origin][r] += 1
                 if taken == k:
                     c.rank_hits[origin][r] += 1
-                    hit = True
-            if hit:
+            if taken in group:
                 break
 
 
@@ -257,17 +221,14 @@ def smoothed(
     c: Counts, prior: float, weight: float, pool_from: int = 8, ranks: int = 16, spine_origin: str = LEAD,
     toward: Sequence[float] | None = None, start: tuple[float, float] | None = None,
 ) -> AcceptanceModel:
-    """The online form of :func:`estimate`, for a model that must exist from the first step.
+    """The online form of :func:`estimate`: every rate shrunk toward a target with ``weight`` pseudo-trials.
 
-    Every rate is shrunk toward a target with ``weight`` pseudo-trials: ``p_1`` toward ``prior``,
-    ``p_d`` toward the estimate of ``p_{d-1}`` (deep nodes are tried far less often, and a match
-    that held to depth d - 1 tends to hold on), ``q^o_r`` toward ``prior (1 - prior)^(r - 1)``.
-    Depths >= ``pool_from`` share one rate; ranks beyond ``ranks`` get 0. Each rank vector is made
-    non-increasing (so the likeliest nodes of a tree keep rank prefixes) and scaled to sum to at
-    most 1; origins never seen use the prior vector. ``toward`` (spine rates, depth 1 first; its
-    last entry for deeper depths) replaces the spine's targets. ``start = (a, b)``, a calibrated
-    start for one kind of chain (``FitOptions.source_priors``): ``p_1`` is shrunk toward ``a``, and
-    ``p_d`` toward the larger of ``b`` and the estimate of ``p_{d-1}``.
+    ``p_1`` toward ``prior`` and ``p_d`` toward the estimate of ``p_{d-1}`` (deep nodes are tried far
+    less often, and a match that held to depth d - 1 tends to hold on); ``toward`` (depth 1 first, its
+    last entry for deeper depths) replaces those targets; ``start = (a, b)``: ``p_1`` toward ``a``,
+    ``p_d`` toward the larger of ``b`` and the estimate of ``p_{d-1}``. Depths >= ``pool_from`` share
+    one rate. ``q^o_r`` toward ``prior (1 - prior)^(r - 1)``, r <= ``ranks``, made non-increasing (the
+    likeliest nodes keep rank prefixes) and scaled to sum to at most 1; unseen origins use the prior.
     """
     spine = []
     for d in range(1, pool_from + 1):
@@ -335,8 +296,6 @@ class TauComparison:
     steps: int
     tau_measured: float
     tau_predicted: float
-    tokens_per_step_measured: float
-    tokens_per_step_predicted: float
 
     @property
     def error(self) -> float:
@@ -350,17 +309,13 @@ def compare_tau(records: Sequence[Record], model: AcceptanceModel, dataset: str 
     R, S = len(requests), len(records)
     measured = sum(r.tokens_committed for r in records)
     predicted = sum(float(r.tokens_committed) if r.cut else model.expected_tokens(r) for r in records)
-    return TauComparison(
-        dataset, R, S, (R + measured) / (R + S), (R + predicted) / (R + S),
-        measured / S if S else 0.0, predicted / S if S else 0.0,
-    )
+    return TauComparison(dataset, R, S, (R + measured) / (R + S), (R + predicted) / (R + S))
 
 
 @dataclass(frozen=True)
 class DatasetCalibration:
     own: TauComparison  # model fitted on this dataset's records
     pooled: TauComparison  # model fitted on all records
-    model: AcceptanceModel  # the own fit
 
 
 def calibration_report(records: Sequence[Record], pool_from: int = 8) -> dict[str, DatasetCalibration]:
@@ -373,7 +328,7 @@ def calibration_report(records: Sequence[Record], pool_from: int = 8) -> dict[st
     for name in sorted(by):
         recs = by[name]
         own_model, _ = estimate(recs, pool_from)
-        out[name] = DatasetCalibration(compare_tau(recs, own_model, name), compare_tau(recs, pooled_model, name), own_model)
+        out[name] = DatasetCalibration(compare_tau(recs, own_model, name), compare_tau(recs, pooled_model, name))
     return out
 
 
@@ -389,14 +344,12 @@ def synthetic_records(
     out: list[Record] = []
     step = 0
     for tree in trees:
-        kids = _children(tree.parents)
         fresh = max(tree.tokens) + 1
         for last in simulate_walks(tree, model, steps_per_tree, rng):
             path = path_to(tree.parents, int(last))
             argmax = [fresh] * len(tree.parents)
             for a, b in zip(path[:-1], path[1:], strict=True):
                 argmax[a] = tree.tokens[b]
-            assert all(tree.tokens[k] != fresh for k in kids[path[-1]])
             out.append(Record(
                 tuple(tree.tokens), tuple(tree.parents), tuple(tree.origins), path,
                 dataset, step // steps_per_request, step, None, tuple(argmax),

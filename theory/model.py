@@ -1,13 +1,5 @@
-"""The acceptance model over :class:`goose.tree.DraftTree`, its exact expectation and a simulator.
-
-Semantics (docs/theory.md, "The model"): given an accepted node, its children's events are
-disjoint (siblings are distinct tokens). The spine child (origin ``"spine"``, at most one) at
-depth ``d`` matches with ``p_d``; then each origin group of the other children, in order of first
-appearance, gives its child of rank ``r`` (node order) ``m * q^o_r``, ``m`` the probability that
-the spine child and every earlier group missed. Every rank vector sums to at most 1.
-``P(v accepted)`` is the product along the root-to-``v`` path, and the expected tokens per
-verification step are ``1 + sum_v P(v accepted)`` (the bonus included).
-"""
+"""The acceptance model over :class:`goose.tree.DraftTree`: its exact expectation, a Monte-Carlo
+simulator and the greedy walk against known target tokens (docs/theory.md, "The model")."""
 
 from __future__ import annotations
 
@@ -67,17 +59,12 @@ class AcceptanceModel:
                     "so their rates must sum to at most 1"
                 )
 
-    # ---- constructors -----------------------------------------------------------------------
     @classmethod
     def geometric(cls, p: float, q: float, ranks: int = 10, **per_origin) -> AcceptanceModel:
-        """Constant spine rate ``p``; independent branch success ``q``: ``q_r = q (1 - q)^(r-1)``.
-
-        ``P(some of the first b branches matches) = 1 - (1 - q)^b``: the "independent" model of
-        Proposition 2.
-        """
+        """Constant spine rate ``p``; independent branch success ``q``: ``q_r = q (1 - q)^(r-1)``
+        (the "independent" model of Proposition 2)."""
         return cls((p,), independent_ranks(q, ranks), per_origin)
 
-    # ---- rates -------------------------------------------------------------------------------
     def p(self, depth: int) -> float:
         if depth < 1:
             raise ValueError(f"spine depth must be >= 1, got {depth}")
@@ -92,29 +79,18 @@ class AcceptanceModel:
         vec = self.rates(origin)
         return vec[rank - 1] if 1 <= rank <= len(vec) else 0.0
 
-    # ---- the model over a tree ---------------------------------------------------------------
     def conditional(self, tree: TreeLike) -> np.ndarray:
         """``[n]`` probability of each node being accepted given its parent was (root: 1)."""
-        parents, origins = tree.parents, tree.origins
-        n = len(parents)
-        cond = np.zeros(n)
+        depth = _depths(tree.parents)
+        spine, groups = _layout(tree.parents, tree.origins, self.spine_origin)
+        cond = np.zeros(len(depth))
         cond[0] = 1.0
-        depth = _depths(parents)
-        for u, kids in enumerate(_children(parents)):
-            if not kids:
-                continue
-            spine_kids = [c for c in kids if origins[c] == self.spine_origin]
-            if len(spine_kids) > 1:
-                raise ValueError(
-                    f"node {u} has {len(spine_kids)} spine children {spine_kids}; the spine is a chain "
-                    "(at most one spine child per node)"
-                )
-            miss = 1.0
-            if spine_kids:
-                s = spine_kids[0]
+        for u in range(len(depth)):
+            s, miss = _spine_child(spine, u), 1.0
+            if s >= 0:
                 cond[s] = self.p(depth[s])
                 miss = 1.0 - cond[s]
-            for origin, group in _origin_groups(kids, origins, self.spine_origin):
+            for origin, group in groups[u].items():
                 if origin == ROOT:
                     raise ValueError(f"node {group[0]} has origin 'root'; only node 0 may")
                 vec = self.rates(origin)
@@ -131,13 +107,9 @@ class AcceptanceModel:
             out[i] = out[tree.parents[i]] * cond[i]
         return out
 
-    def expected_accept_length(self, tree: TreeLike) -> float:
-        """Expected accepted draft tokens (root and bonus excluded)."""
-        return float(self.reach(tree)[1:].sum())
-
     def expected_tokens(self, tree: TreeLike) -> float:
         """Expected committed tokens per verification step: accepted draft tokens + the bonus."""
-        return 1.0 + self.expected_accept_length(tree)
+        return 1.0 + float(self.reach(tree)[1:].sum())
 
 
 def independent_ranks(q: float, ranks: int) -> tuple[float, ...]:
@@ -159,45 +131,45 @@ def _depths(parents: Sequence[int]) -> list[int]:
     return d
 
 
-def _origin_groups(kids: Sequence[int], origins: Sequence[str], spine_origin: str) -> list[tuple[str, list[int]]]:
-    """Non-spine children grouped by origin, groups in order of first appearance, ranks in node order."""
-    groups: dict[str, list[int]] = {}
-    for c in kids:
-        if origins[c] != spine_origin:
-            groups.setdefault(origins[c], []).append(c)
-    return list(groups.items())
+def _layout(parents: Sequence[int], origins: Sequence[str], spine_origin: str) -> tuple[list[list[int]], list[dict]]:
+    """Per node: its spine children, and its other children grouped by origin (groups in order of
+    first appearance, ranks in node order)."""
+    spine: list[list[int]] = [[] for _ in parents]
+    groups: list[dict[str, list[int]]] = [{} for _ in parents]
+    for c in range(1, len(parents)):
+        if origins[c] == spine_origin:
+            spine[parents[c]].append(c)
+        else:
+            groups[parents[c]].setdefault(origins[c], []).append(c)
+    return spine, groups
+
+
+def _spine_child(spine: list[list[int]], u: int) -> int:
+    """Node ``u``'s spine child (-1: none); raises if it has several."""
+    if len(spine[u]) > 1:
+        raise ValueError(f"node {u} has {len(spine[u])} spine children {spine[u]}; the spine is a chain "
+                         "(at most one spine child per node)")
+    return spine[u][0] if spine[u] else -1
 
 
 # ---------------------------------------------------------------------------------------------
 # Monte Carlo: the greedy walk of the same tree against a simulated target
 # ---------------------------------------------------------------------------------------------
 def simulate_walks(tree: TreeLike, model: AcceptanceModel, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``[n]`` index of the last accepted node of ``n`` independent greedy walks.
-
-    The target is simulated generatively, independently of :meth:`AcceptanceModel.conditional`
-    (docs/theory.md, "Monte Carlo"): the spine child matches with ``p_d``; else each origin group
-    in turn draws the rank of the target's token among its source's candidates (``q^o_r``, or
-    "not listed"), and the walk takes that child if drafted. It stops when no child matches.
-    """
-    parents, origins = tree.parents, tree.origins
-    kids = _children(parents)
-    depth = _depths(parents)
-    spine_child = [-1] * len(parents)
-    groups: list[list[tuple[np.ndarray, np.ndarray]]] = []
-    for u, ks in enumerate(kids):
-        sk = [c for c in ks if origins[c] == model.spine_origin]
-        if len(sk) > 1:
-            raise ValueError(f"node {u} has more than one spine child")
-        if sk:
-            spine_child[u] = sk[0]
-        g = []
-        for origin, group in _origin_groups(ks, origins, model.spine_origin):
+    """``[n]`` index of the last accepted node of ``n`` independent greedy walks against a target
+    simulated generatively, independently of :meth:`AcceptanceModel.conditional` (docs/theory.md,
+    "Monte Carlo")."""
+    depth = _depths(tree.parents)
+    spine, by_origin = _layout(tree.parents, tree.origins, model.spine_origin)
+    spine_child = [_spine_child(spine, u) for u in range(len(depth))]
+    groups: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in depth]
+    for u, origin_groups in enumerate(by_origin):
+        for origin, group in origin_groups.items():
             vec = np.asarray(model.rates(origin), dtype=float)
             # categorical over ranks 1..K, then "not in the list" (index K)
             cdf = np.cumsum(np.append(vec, max(0.0, 1.0 - vec.sum())))
             cdf[-1] = 1.0
-            g.append((cdf, np.asarray(group)))
-        groups.append(g)
+            groups[u].append((cdf, np.asarray(group)))
 
     cur = np.zeros(n, dtype=np.int64)
     active = np.ones(n, dtype=bool)
@@ -259,17 +231,6 @@ def greedy_walk(
         path.append(spine[0] if spine else match[0])
 
 
-def spine_chain(parents: Sequence[int], origins: Sequence[str], spine_origin: str = LEAD) -> tuple[int, ...]:
-    """The spine as node indices: root, then the spine child of each spine node in turn."""
-    kids = _children(parents)
-    chain = [0]
-    while True:
-        sk = [c for c in kids[chain[-1]] if origins[c] == spine_origin]
-        if not sk:
-            return tuple(chain)
-        chain.append(sk[0])
-
-
 def chain_accept_from_argmax(
     tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = LEAD
 ) -> int:
@@ -279,13 +240,13 @@ def chain_accept_from_argmax(
     the chain, so the chain's spine node at depth d is accepted iff its token equals the argmax at
     the spine node at depth d - 1 and every shallower one was accepted.
     """
-    chain = spine_chain(parents, origins, spine_origin)
-    n = 0
-    for prev, node in zip(chain[:-1], chain[1:], strict=True):
-        if tokens[node] != argmax[prev]:
-            break
-        n += 1
-    return n
+    kids = _children(parents)
+    u, n = 0, 0
+    while True:
+        spine = [c for c in kids[u] if origins[c] == spine_origin]
+        if not spine or tokens[spine[0]] != argmax[u]:
+            return n
+        u, n = spine[0], n + 1
 
 
 def chain_accept_from_path(origins: Sequence[str], path: Sequence[int], spine_origin: str = LEAD) -> int:
@@ -294,9 +255,4 @@ def chain_accept_from_path(origins: Sequence[str], path: Sequence[int], spine_or
     Valid for paths the greedy walk produced: the walk takes the spine child whenever it matches,
     so the chain's accepted prefix is exactly the spine prefix of the tree's path.
     """
-    n = 0
-    for node in path[1:]:
-        if origins[node] != spine_origin:
-            break
-        n += 1
-    return n
+    return next((i for i, node in enumerate(path[1:]) if origins[node] != spine_origin), len(path) - 1)

@@ -1,14 +1,6 @@
-"""Trees under the model: the deployed spine rule, isotropic controls, and exact optima.
-
-Every builder returns a :class:`goose.tree.DraftTree` whose tokens are placeholders (the node
-index, so siblings are distinct); the model only reads ``parents`` and ``origins``.
-
-Optima (docs/theory.md, "Optimal trees"): :func:`optimal_single_source` (the Sequoia dynamic
-program for one source with a positional vector ``q``), :func:`optimal_spine_tree` (a spine with
-per-depth ``p_d`` plus branches anywhere, on top of the single-source forest values; its family
-contains the single-source trees and the chain) and :func:`brute_force_best`, the exhaustive
-oracle for both at small budgets.
-"""
+"""Trees under the model: the deployed spine rule, isotropic controls, and exact optima
+(docs/theory.md, "Trees under the model" and "Optimal trees"). Every builder returns a
+:class:`goose.tree.DraftTree` with placeholder tokens (the node index, so siblings are distinct)."""
 
 from __future__ import annotations
 
@@ -193,12 +185,10 @@ def stationary_rule(p: Sequence[float], rule: SpineRule = SpineRule(), steps: in
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ForestTable:
-    """Single-source values: ``F[m, r]`` = best expected accepted nodes of a forest of at most m
-    nodes, whose top-level nodes have ranks >= r + 1, under an accepted parent (depth unbounded
-    or bounded by ``depth_left``)."""
+    """Single-source values: ``F[d, m, r]`` = best expected accepted nodes of a forest of at most m nodes,
+    top-level ranks >= r + 1, under an accepted parent, with depth d left (bounded) or d = 1 (unbounded)."""
 
-    q: tuple[float, ...]
-    F: np.ndarray  # [max_nodes + 1, K + 1] (per depth-left layer when bounded: [D+1, M+1, K+1])
+    F: np.ndarray  # [D + 1, max_nodes + 1, K + 1]
     choice: np.ndarray  # same shape: nodes of the rank-(r+1) child's subtree; -1: the best uses m - 1 nodes
     bounded: bool
 
@@ -218,49 +208,30 @@ def _forest_fill(qv: np.ndarray, F: np.ndarray, C: np.ndarray, S: np.ndarray, m:
 
 def _forest_table(q: Sequence[float], max_nodes: int, max_depth: int | None) -> ForestTable:
     qv = np.asarray(q, dtype=float)
-    K, M = len(qv), max_nodes
-    if max_depth is None:
-        F = np.zeros((M + 1, K + 1))
-        C = np.zeros((M + 1, K + 1), dtype=np.int64)
-        S = np.zeros(M + 1)  # S[k] = F[k - 1, 0]: a k-node child subtree holds a (k-1)-node forest
-        for m in range(1, M + 1):
-            _forest_fill(qv, F, C, S, m)
-            if m + 1 <= M:
-                S[m + 1] = F[m, 0]
-        return ForestTable(tuple(qv), F, C, False)
-    D = max_depth
+    K, M, D = len(qv), max_nodes, 1 if max_depth is None else max_depth
     F = np.zeros((D + 1, M + 1, K + 1))
     C = np.zeros((D + 1, M + 1, K + 1), dtype=np.int64)
     for d in range(1, D + 1):
-        S = np.zeros(M + 1)
-        S[1:] = F[d - 1, :M, 0]  # a child's subtree has depth d - 1 left below the child
+        below = d if max_depth is None else d - 1  # the layer of a child's subtree (unbounded: this one)
+        S = np.zeros(M + 1)  # S[k] = F[below, k - 1, 0]: a k-node child subtree holds a (k-1)-node forest
         for m in range(1, M + 1):
+            S[m] = F[below, m - 1, 0]
             _forest_fill(qv, F[d], C[d], S, m)
-    return ForestTable(tuple(qv), F, C, True)
+    return ForestTable(F, C, max_depth is not None)
 
 
-def _emit_forest(table: ForestTable, parent: int, m: int, depth_left: int | None,
+def _emit_forest(table: ForestTable, parent: int, m: int, layer: int,
                  parents: list[int], origins: list[str], origin: str) -> None:
-    """Append the optimal forest of at most ``m`` nodes under ``parent`` (ranks from 1)."""
-    r = 0
-    K = len(table.q)
-    while m > 0 and r < K:
-        if table.bounded:
-            assert depth_left is not None
-            if depth_left <= 0:
-                return
-            k = int(table.choice[depth_left, m, r])
-        else:
-            k = int(table.choice[m, r])
+    """Append the optimal forest of at most ``m`` nodes under ``parent`` (ranks from 1), read from ``layer``."""
+    r, K = 0, table.F.shape[2] - 1
+    while m > 0 and r < K and layer > 0:
+        k = int(table.choice[layer, m, r])
         if k == -1:  # the best with m nodes uses at most m - 1
             m -= 1
             continue
-        if k == 0:
-            return
         parents.append(parent)
         origins.append(origin)
-        child = len(parents) - 1
-        _emit_forest(table, child, k - 1, None if depth_left is None else depth_left - 1, parents, origins, origin)
+        _emit_forest(table, len(parents) - 1, k - 1, layer - 1 if table.bounded else layer, parents, origins, origin)
         m -= k
         r += 1
 
@@ -268,7 +239,7 @@ def _emit_forest(table: ForestTable, parent: int, m: int, depth_left: int | None
 def forest_values(q: Sequence[float], max_nodes: int) -> np.ndarray:
     """``[max_nodes + 1]``: ``F(m)``, the best expected accepted nodes of a one-source forest of at most
     ``m`` nodes (rank rates ``q`` at every depth, depth unbounded) under an accepted node."""
-    return _forest_table(q, max_nodes, None).F[:, 0].copy()
+    return _forest_table(q, max_nodes, None).F[-1, :, 0].copy()
 
 
 def optimal_single_source(
@@ -279,10 +250,9 @@ def optimal_single_source(
     if budget < 1:
         raise ValueError(f"budget counts the root and must be >= 1, got {budget}")
     table = _forest_table(q, budget - 1, max_depth)
-    value = table.F[max_depth, budget - 1, 0] if table.bounded else table.F[budget - 1, 0]
     parents, origins = [-1], [ROOT]
-    _emit_forest(table, 0, budget - 1, max_depth, parents, origins, origin)
-    return 1.0 + float(value), make_tree(parents, origins, "optimal")
+    _emit_forest(table, 0, budget - 1, len(table.F) - 1, parents, origins, origin)
+    return 1.0 + float(table.F[-1, budget - 1, 0]), make_tree(parents, origins, "optimal")
 
 
 def optimal_spine_tree(
@@ -302,7 +272,7 @@ def optimal_spine_tree(
     Lmax = M if max_spine is None else min(max_spine, M)
     model = AcceptanceModel(tuple(p), ())
     table = _forest_table(q, M, None)
-    F = table.F[:, 0]
+    F = table.F[-1, :, 0]
     H = np.zeros((Lmax + 1, M + 1))
     cont_k = np.full((Lmax + 1, M + 1), -1, dtype=np.int64)  # branch nodes at i when continuing; -1: stop
     H[Lmax] = F
@@ -330,7 +300,7 @@ def optimal_spine_tree(
         node, i, m = len(parents) - 1, i + 1, m - 1 - k
     branch_plan.append((node, m))
     for at, k in branch_plan:
-        _emit_forest(table, at, k, None, parents, origins, BRANCH)
+        _emit_forest(table, at, k, 1, parents, origins, BRANCH)
     return 1.0 + float(H[0, M]), make_tree(parents, origins, "optimal")
 
 
