@@ -14,6 +14,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -149,15 +150,13 @@ def _summary_row(ds: str, m: str, mine: list[tuple[Run, Run]]) -> dict:
               for x, a in mine if x.seconds > 0 and a.seconds > 0 and len(a.tokens)]
     fwd = sum((x.stats.get("forward_passes") or 0) for x, _ in mine)
     per_source: dict = {}
-    steps = accepted = 0
+    steps = 0
     draft_s = total_s = 0.0
     for x, _ in mine:
         for o, d in x.stats.get("per_source", {}).items():
             ps = per_source.setdefault(o, {"proposed": 0, "drafted": 0, "accepted": 0})
-            ps["proposed"] += d.get("proposed", 0)
-            ps["drafted"] += d["drafted"]
-            ps["accepted"] += d["accepted"]
-            accepted += d["accepted"]
+            for k in ps:
+                ps[k] += d.get(k, 0)
         steps += x.stats.get("steps", 0)
         t = x.stats.get("time_s", {})
         vt = x.stats.get("extra", {}).get("verifier", {})
@@ -167,6 +166,7 @@ def _summary_row(ds: str, m: str, mine: list[tuple[Run, Run]]) -> dict:
             draft_s += t.get("draft", 0.0) + t.get("observe", 0.0)
         total_s += t.get("total", 0.0)
     ctx, tr = _rate(per_source, CONTEXT_ORIGINS), _rate(per_source, RECYCLE_ORIGINS)
+    accepted = sum(ps["accepted"] for ps in per_source.values())
     return {"dataset": ds, "method": m, "prompts": len(mine), "tokens": toks, "tok_s": toks / secs if secs else 0.0,
             "speedup_pooled": (toks / secs) / (ar_toks / ar_secs) if secs and ar_secs and ar_toks else None,
             "speedup_median": statistics.median(ratios) if ratios else None,
@@ -359,31 +359,35 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    """``goose bench``: check the arguments and methods, select the prompts, load the model and compose a runner
-    per method, warm up, decode every prompt with every method in turn, then print the tables and write
-    results.json, results.md and the plots."""
+    """``goose bench``: decode every prompt with every method in turn, print the tables and write results.json,
+    results.md and the plots."""
     torch.set_num_threads(args.threads)
     _check_args(args)
     methods = _methods(args.methods)
     prompts = select_prompts(args.datasets, args.data_dir, args.num_prompts)
     reused = load_greedy(args.greedy_from, args, prompts) if args.greedy_from else None
-    model, tok, runners = _load_runners(args, methods, reused)
-    b = _Bench(args, model, tok, methods, runners, reused)
+    b = _Bench(args, methods, reused)
     if args.warmup:
-        _warm_up(b)
-    catcher = _TreeCatcher(runners)
+        b.warm_up()
+    catcher = _TreeCatcher(b.runners)
     goose.register_plugin(catcher, name="goose-bench-tree-catcher")
     try:
-        runs, mismatches = _interleave(b, prompts)
+        b.interleave(prompts)
     finally:
         goose.unregister_plugin("goose-bench-tree-catcher")
     print(file=sys.stderr)
-    rows, prof, by_sample, md = _tables(runs, methods, args.turns)
+    runs = b.runs
+    rows, prof, by_sample = summarize(runs, methods), profile(runs, methods), per_sample(runs, methods)
+    md = report_md(rows, runs, methods, prof)
+    if by_sample:
+        md += ("\n\nBy " + ("turn" if args.turns > 1 else "sample index") + " (every prompt's draw or turn s, pooled "
+               "over prompts; the first has no history of this prompt, the s-th has s - 1 earlier outputs):\n\n"
+               + table(by_sample))
     noisy = [r for r in runs if r.stats.get("time_spread", 0) > 0.15]
-    _print_results(args, len(prompts), reused, md, mismatches, noisy)
+    _print_results(args, len(prompts), reused, md, b.mismatches, noisy)
     if args.out:
         results = {"meta": _meta(args), "summary": rows, "by_sample": by_sample, "profile": prof,
-                   "mismatches": mismatches, "runs": [r.__dict__ for r in runs]}
+                   "mismatches": b.mismatches, "runs": [r.__dict__ for r in runs]}
         _write_results(Path(args.out), results, md, rows, catcher.best, args.no_plots)
     return 0
 
@@ -429,36 +433,29 @@ def _naming_method(method: str):
         raise InvalidInputError(msg if named else f"method {method!r}: {msg}") from exc
 
 
-def _load_runners(args, methods: list[str], reused: dict | None) -> tuple:
-    """The model, its tokenizer, and one :class:`Runner` per method (none for ``ar`` when its runs are
-    reused); with --temperature every runner samples, and no top-2 gap is computed."""
-    t_phase = time.perf_counter()
-    model, tok = models.load(args.model, args.dtype)
-    _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
-    t_phase = time.perf_counter()
-    sampling = None
-    if args.temperature:
-        sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-        args.no_gap = True  # a top-2 gap says nothing about a draw
-    runners = {}
-    for m in methods:
-        if not (reused and m == "ar"):
-            with _naming_method(m):
-                runners[m] = Runner(m, model, tok, args.budget, args.max_new_tokens, sampling)
-    _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve once per machine)")
-    return model, tok, runners
-
-
-@dataclass
 class _Bench:
-    """What the steps of one ``goose bench`` run share: its arguments, model, methods and runners."""
+    """One ``goose bench`` run: the model, one :class:`Runner` per method (none for ``ar`` when its runs are reused
+    from --greedy-from), and the runs and mismatches so far."""
 
-    args: object
-    model: object
-    tok: object
-    methods: list[str]
-    runners: dict
-    reused: dict | None  # (dataset, prompt id) -> the ar Run of --greedy-from
+    def __init__(self, args, methods: list[str], reused: dict | None):
+        self.args, self.methods, self.reused = args, methods, reused  # reused: (dataset, prompt id) -> ar Run
+        self.runs: list[Run] = []
+        self.mismatches: list[dict] = []
+        t_phase = time.perf_counter()
+        self.model, self.tok = models.load(args.model, args.dtype)
+        _note(f"model loaded in {time.perf_counter() - t_phase:.1f}s")
+        t_phase = time.perf_counter()
+        sampling = None
+        if args.temperature:
+            sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+            args.no_gap = True  # a top-2 gap says nothing about a draw
+        self.runners = {}
+        for m in methods:
+            if not (reused and m == "ar"):
+                with _naming_method(m):
+                    self.runners[m] = Runner(m, self.model, self.tok, args.budget, args.max_new_tokens, sampling)
+        _note(f"decoders composed in {time.perf_counter() - t_phase:.1f}s (includes measuring the latency curve "
+              "once per machine)")
 
     def encode(self, text: str, earlier: tuple = (), answers: tuple = ()):
         """Prompt ids of ``text``; with --chat, the chat template over the earlier turns and answers, then ``text``."""
@@ -470,95 +467,76 @@ class _Bench:
             text = self.tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         return self.tok(text, return_tensors="pt")["input_ids"]
 
+    def warm_up(self) -> None:
+        """--warmup short untimed runs of every runner on :data:`WARMUP_TEXT` (they only prepare kernels and caches)."""
+        t_phase = time.perf_counter()
+        ids = self.encode(WARMUP_TEXT)
+        for _ in range(self.args.warmup):
+            for r in self.runners.values():
+                r.run(ids, max_new=min(self.args.max_new_tokens, 24))
+        _note(f"warm-up in {time.perf_counter() - t_phase:.1f}s")
 
-def _warm_up(b: _Bench) -> None:
-    """--warmup short untimed runs of every runner on :data:`WARMUP_TEXT` (they only prepare kernels and caches)."""
-    t_phase = time.perf_counter()
-    ids = b.encode(WARMUP_TEXT)
-    for _ in range(b.args.warmup):
-        for m in b.runners:
-            b.runners[m].run(ids, max_new=min(b.args.max_new_tokens, 24))
-    _note(f"warm-up in {time.perf_counter() - t_phase:.1f}s")
+    def interleave(self, prompts: list) -> None:
+        """Every prompt in turn, decoded by every method in turn (each by a freshly composed decoder unless --warm);
+        with --out, the runs so far saved after each prompt."""
+        t_start = time.time()
+        for k, p in enumerate(prompts):
+            if not self.args.warm:
+                for r in self.runners.values():
+                    r.renew()
+            self.decode_prompt(k, p, len(prompts), t_start)
+            if self.args.out:  # an interrupted run keeps every finished prompt
+                meta = {"partial": True, "prompts_done": k + 1, "prompts": len(prompts),
+                        "machine": {"cpu_line": machine.describe()}}
+                _save(Path(self.args.out), {"meta": meta, "runs": [r.__dict__ for r in self.runs],
+                                            "mismatches": self.mismatches})
 
+    def decode_prompt(self, k: int, p, total: int, t_start: float) -> None:
+        """Prompt ``p`` (the k-th of ``total``) decoded by every method: once, or each draw (--samples) or turn
+        (--turns) in order; records the runs, and each output's first difference from ``ar``'s."""
+        samples, turns = self.args.samples, self.args.turns
+        subs = samples if samples > 1 else min(turns, max(1, len(p.turns)))
+        answers: dict = {m: [] for m in self.methods}
+        for s in range(subs):
+            pid = p.id if subs == 1 and samples == 1 and turns == 1 else f"{p.id}#{s + 1}"
+            first = len(self.runs)
+            for m in self.methods:
+                if turns > 1:  # the conversation so far, with this method's own answers
+                    ids = self.encode(p.turns[s], p.turns[:s], tuple(answers[m]))
+                else:
+                    ids = self.encode(p.text)
+                if self.reused and m == "ar":
+                    self.runs.append(self.reused[(p.dataset, p.id)])
+                    continue
+                _progress(k, total, p, m, t_start)
+                self.runs.append(self.timed_run(m, ids, p, pid, s, seed=self.args.seed + k * samples + s))
+                if turns > 1:
+                    answers[m].append(self.tok.decode(self.runs[-1].tokens, skip_special_tokens=True))
+            self.add_mismatches(self.runs[first:], p, pid, ids)
 
-def _interleave(b: _Bench, prompts: list) -> tuple[list[Run], list[dict]]:
-    """Every prompt in turn, decoded by every method in turn (each by a freshly composed decoder unless
-    --warm); with --out, the runs so far saved after each prompt. Returns the runs and the mismatches."""
-    runs: list[Run] = []
-    mismatches: list[dict] = []
-    t_start = time.time()
-    for k, p in enumerate(prompts):
-        for m in b.methods:
-            if not b.args.warm and m in b.runners:
-                b.runners[m].renew()
-        _decode_prompt(b, k, p, len(prompts), t_start, runs, mismatches)
-        if b.args.out:  # an interrupted run keeps every finished prompt
-            meta = {"partial": True, "prompts_done": k + 1, "prompts": len(prompts), "machine": {"cpu_line": machine.describe()}}
-            _save(Path(b.args.out), {"meta": meta, "runs": [r.__dict__ for r in runs], "mismatches": mismatches})
-    return runs, mismatches
+    def timed_run(self, m: str, ids, p, pid: str, s: int, seed: int) -> Run:
+        """--repeats timed runs of method ``m`` on ``ids``: the last run's tokens and stats, the median time, and
+        the spread of the times (``stats["time_spread"]``)."""
+        times, toks, st = [], None, {}
+        for _ in range(max(1, self.args.repeats)):
+            toks, dt, st = self.runners[m].run(ids, seed=seed)
+            times.append(dt)
+        st["time_spread"] = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
+        return Run(p.dataset, pid, m, toks, statistics.median(times), st.get("forward_passes"), st,
+                   None if pid == p.id else s + 1)
 
-
-def _decode_prompt(b: _Bench, k: int, p, total: int, t_start: float, runs: list[Run], mismatches: list[dict]) -> None:
-    """Prompt ``p`` (the k-th of ``total``) decoded by every method: once, or each draw (--samples) or
-    turn (--turns) in order; appends the runs, and each output's first difference from ``ar``'s."""
-    samples, turns = b.args.samples, b.args.turns
-    subs = samples if samples > 1 else min(turns, max(1, len(p.turns)))
-    answers: dict = {m: [] for m in b.methods}
-    for s in range(subs):
-        pid = p.id if subs == 1 and samples == 1 and turns == 1 else f"{p.id}#{s + 1}"
-        first = len(runs)
-        for m in b.methods:
-            if turns > 1:  # the conversation so far, with this method's own answers
-                ids = b.encode(p.turns[s], p.turns[:s], tuple(answers[m]))
-            else:
-                ids = b.encode(p.text)
-            if b.reused and m == "ar":
-                runs.append(b.reused[(p.dataset, p.id)])
-                continue
-            _progress(k, total, p, m, t_start)
-            runs.append(_timed_run(b, m, ids, p, pid, s, seed=b.args.seed + k * samples + s))
-            if turns > 1:
-                answers[m].append(b.tok.decode(runs[-1].tokens, skip_special_tokens=True))
-        mismatches.extend(_mismatches(b, runs[first:], p, pid, ids))
-
-
-def _timed_run(b: _Bench, m: str, ids, p, pid: str, s: int, seed: int) -> Run:
-    """--repeats timed runs of method ``m`` on ``ids``: the last run's tokens and stats, the median time,
-    and the spread of the times (``stats["time_spread"]``)."""
-    times, toks, st = [], None, {}
-    for _ in range(max(1, b.args.repeats)):
-        toks, dt, st = b.runners[m].run(ids, seed=seed)
-        times.append(dt)
-    st["time_spread"] = (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
-    return Run(p.dataset, pid, m, toks, statistics.median(times), st.get("forward_passes"), st,
-               None if pid == p.id else s + 1)
-
-
-def _mismatches(b: _Bench, group: list[Run], p, pid: str, ids) -> list[dict]:
-    """Where each run of ``group[1:]`` first differs from ``group[0]`` (``ar``'s), with greedy's top-2
-    logit gap there unless --no-gap, sampling or --turns."""
-    ref = group[0].tokens
-    out = []
-    for r in group[1:]:
-        pos = first_mismatch(r.tokens, ref)
-        if pos is not None:
-            gap = None
-            if not b.args.no_gap and pos < len(ref) and b.args.turns == 1:
-                gap = top2_gap(b.model, ids, ref, pos)
-            out.append({"dataset": p.dataset, "prompt_id": pid, "method": r.method, "position": pos, "top2_gap": gap})
-    return out
-
-
-def _tables(runs: list[Run], methods: list[str], turns: int) -> tuple[list[dict], list[dict], list[dict], str]:
-    """The summary rows, the profile, the rows per sample index or turn, and the markdown of them all."""
-    rows = summarize(runs, methods)
-    prof = profile(runs, methods)
-    md = report_md(rows, runs, methods, prof)
-    by_sample = per_sample(runs, methods)
-    if by_sample:
-        md += ("\n\nBy " + ("turn" if turns > 1 else "sample index") + " (every prompt's draw or turn s, pooled over "
-               "prompts; the first has no history of this prompt, the s-th has s - 1 earlier outputs):\n\n" + table(by_sample))
-    return rows, prof, by_sample, md
+    def add_mismatches(self, group: list[Run], p, pid: str, ids) -> None:
+        """Where each run of ``group[1:]`` first differs from ``group[0]`` (``ar``'s), with greedy's top-2 logit gap
+        there unless --no-gap, sampling or --turns."""
+        ref = group[0].tokens
+        for r in group[1:]:
+            pos = first_mismatch(r.tokens, ref)
+            if pos is not None:
+                gap = None
+                if not self.args.no_gap and pos < len(ref) and self.args.turns == 1:
+                    gap = top2_gap(self.model, ids, ref, pos)
+                self.mismatches.append(
+                    {"dataset": p.dataset, "prompt_id": pid, "method": r.method, "position": pos, "top2_gap": gap})
 
 
 def _meta(args) -> dict:
@@ -608,7 +586,6 @@ def _print_results(args, n_prompts: int, reused: dict | None, md: str, mismatche
 
 def _write_results(out: Path, results: dict, md: str, rows: list[dict], best, no_plots: bool) -> None:
     """results.json, results.md and, unless ``no_plots``, the PNG plots (``best``: the tree drawn) in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
     _save(out, results)
     (out / "results.md").write_text(md + "\n")
     print(f"Wrote {out / 'results.json'} and {out / 'results.md'}")
@@ -713,10 +690,7 @@ def _round_robin(prompts: list) -> list:
     groups: dict[str, list] = {}
     for p in prompts:
         groups.setdefault(p.dataset, []).append(p)
-    out = []
-    for i in range(max(len(g) for g in groups.values())):
-        out.extend(g[i] for g in groups.values() if i < len(g))
-    return out
+    return [p for row in zip_longest(*groups.values()) for p in row if p is not None]
 
 
 def merge_runs(paths: list[str]) -> list[Run]:
