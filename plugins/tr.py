@@ -1,35 +1,20 @@
-"""Token recycling: an adjacency table of the successors the target itself predicted.
+"""Token recycling: an adjacency table of the successors the target itself predicted (docs/algorithm.md, section 5).
 
-Every forward pass of the target scores a next-token distribution at every position it
-processed: each prompt position in the prefill, every node of a draft tree (accepted or not).
-The source ``tr`` keeps, for each token, the top-K tokens the target predicted after it, and
-serves them back through :meth:`DraftSource.successors`; tree policies grow branches from them.
+The source ``tr`` keeps, per token and per (previous token, token) pair (option ``bigram``, consulted first), the
+top-K tokens the target ranked highest after it in any forward pass (the prefill, every node of a draft tree,
+accepted or not), and serves them through :meth:`DraftSource.successors`. ``propose`` returns None: use it with a
+tree policy (``spine``, ``iso3``, ``tr-tree``); with ``chain`` or ``proposal`` alone every step is an ordinary
+one. The per-token tier is also ``[vocab, K]`` tensors (:attr:`TokenTable.ids`, -1 where unknown;
+:attr:`TokenTable.scores`, the softmax over those K logits, 0 where unknown).
 
-Two tiers (section 5 of docs/algorithm.md):
+The harvest after each pass is vectorised: one top-k (:func:`topk_rows`), one softmax, one indexed write per
+tensor. The rows are also kept as Python lists keyed by token, so that :meth:`TRSource.successors` (called tens
+of times per step by a tree policy) is a dict lookup rather than a tensor read and a ``tolist``.
 
-- **unigram**: ``[vocab, K]`` successor ids (-1 where unknown) and ``[vocab, K]`` scores, the
-  softmax over those K logits only (0 where unknown). Exposed as tensors (:attr:`TokenTable.ids`,
-  :attr:`TokenTable.scores`).
-- **bigram**: ``(previous token, token) -> top-K``, consulted first (option ``bigram``).
-
-The harvest after each pass is vectorised: one top-k over the ``[n, vocab]`` logits
-(:func:`topk_rows`), one softmax over ``[n, K]``, one indexed write per tensor. Last write wins:
-when a token occurs at several positions of one pass, its row holds the statistics of the
-**last** of them (positions are deduplicated first: an indexed write with repeated indices leaves
-the winner unspecified). The rows are also kept as Python lists keyed by token, so that
-:meth:`successors` (called tens of times per step by a tree policy) is a dict lookup rather than
-a tensor read and a ``tolist``.
-
-``propose`` returns None: this source drafts only through ``successors``; use it with a tree
-policy (``spine``, ``iso3``, ``tr-tree``). With the ``chain`` or ``proposal`` policy and no other
-source, every step is an ordinary decoding step.
-
-Ablations of the paper map to options: "no bigram" = ``bigram=False``, "no prefill harvest" =
-``prefill_harvest=False``. The reference harvests every prompt position; here only the last
-``prefill_window`` positions (at most ``prefill_max_mib`` of logits) are harvested by default, so
-that the prefill computes a bounded logits matrix (``prefill_window=None`` restores the reference;
-docs/results.md measures both). ``tr-original`` is the original Token Recycling configuration: K = 8,
-no bigram tier, the table kept warm across requests (use it with the ``tr-tree`` policy).
+Ablations: "no bigram" = ``bigram=False``, "no prefill harvest" = ``prefill_harvest=False``. Only the last
+``prefill_window`` prompt positions (within ``prefill_max_mib`` of logits) are harvested, so the prefill computes a
+bounded logits matrix (``None``: every position, as the reference). ``tr-original`` is the original Token
+Recycling: K = 8, no bigram tier, the table kept across requests.
 """
 
 from __future__ import annotations
@@ -58,31 +43,23 @@ class TROptions(Options):
         json_schema_extra={"why": "off: the ablation without the prompt's rows (preset spine-noprefill)"},
     )
     prefill_window: int | None = Field(
-        256,
-        ge=1,
-        description="harvest only the last this many prompt positions (the prefill then computes "
+        256, ge=1, description="harvest only the last this many prompt positions (the prefill then computes "
         "that many logit rows instead of prompt_len x vocab); None: every position, as in the reference",
         json_schema_extra={"why": "memory and time of long prompts (None: every prompt position, as the reference)"},
     )
     prefill_max_mib: float = Field(
-        64.0,
-        gt=0.0,
-        description="and at most as many positions as fit this many MiB of float32 logits (a 151,936-token "
-        "vocabulary: 110 rows); the prompt_len x vocab matrix of a long prompt outgrows the model",
+        64.0, gt=0.0, description="and at most as many positions as fit this many MiB of float32 logits (a "
+        "151,936-token vocabulary: 110 rows); the prompt_len x vocab matrix of a long prompt outgrows the model",
         json_schema_extra={"why": "memory cap on the prefill's logit rows for large vocabularies"},
     )
     warm: bool = Field(
-        False,
-        description="keep the table across generate() calls of one decoder (off: a new table per "
+        False, description="keep the table across generate() calls of one decoder (off: a new table per "
         "request, as in the GOOSE reference; the original Token Recycling keeps it)",
         json_schema_extra={"why": "keep the table across requests (the original TR; preset spine-warm)"},
     )
     min_score: float = Field(
-        0.0,
-        ge=0.0,
-        lt=1.0,
-        description="successors() drops entries scoring below this (tree policies apply their own "
-        "threshold too; 0 keeps all K)",
+        0.0, ge=0.0, lt=1.0, description="successors() drops entries scoring below this (tree policies apply "
+        "their own threshold too; 0 keeps all K)",
         json_schema_extra={"why": "drop weak successors where branches are costly"},
     )
 
@@ -105,16 +82,11 @@ class TokenTable:
         n = len(tokens)
         if n == 0:
             return
-        # A later position of the same token (or (previous, token) pair) overwrites an earlier
-        # one's row, so only the last position of each is read: the table ends the same.
-        last: dict[int, int] = {}  # token -> last position holding it
-        for i, t in enumerate(tokens[:n]):
-            last[t] = i
-        last_pair: dict[tuple[int, int], int] = {}
-        if bigram:
-            for i, p in enumerate(preds[:n]):
-                if p >= 0:
-                    last_pair[(p, tokens[i])] = i
+        # A later position of the same token (or (previous, token) pair) overwrites an earlier one's row, so
+        # only the last position of each is read: the table ends the same (and an indexed write with repeated
+        # indices would leave the winner unspecified).
+        last = {t: i for i, t in enumerate(tokens)}  # token -> last position holding it
+        last_pair = {(p, tokens[i]): i for i, p in enumerate(preds[:n]) if p >= 0} if bigram else {}
         read = sorted(set(last.values()).union(last_pair.values()))
         at = {i: j for j, i in enumerate(read)}  # position -> its row among those read
         k = min(self.k, self.vocab_size)
@@ -128,12 +100,10 @@ class TokenTable:
         probs = torch.nan_to_num(probs, nan=0.0, posinf=1.0, neginf=0.0)
         idx_l = idx.tolist()
         prob_l = probs.tolist()
-        rows = self.rows
         for t, i in last.items():
-            rows[t] = (idx_l[at[i]], prob_l[at[i]])
-        table = self.bigram
+            self.rows[t] = (idx_l[at[i]], prob_l[at[i]])
         for pair, i in last_pair.items():
-            table[pair] = (idx_l[at[i]], prob_l[at[i]])
+            self.bigram[pair] = (idx_l[at[i]], prob_l[at[i]])
         keep = torch.tensor([at[i] for i in last.values()], dtype=torch.long)
         dest = torch.tensor(list(last.keys()), dtype=torch.long)
         self.ids[dest, :k] = idx.index_select(0, keep.to(idx.device)).cpu()
@@ -210,12 +180,10 @@ class TRSource(DraftSource):
         if t is None:
             return _EMPTY
         self.lookups += 1
-        row = None
-        if prev is not None and self.options.bigram:
-            row = t.bigram.get((prev, token))
-            if row is not None:
-                self.bigram_hits += 1
-        if row is None:
+        row = t.bigram.get((prev, token)) if prev is not None and self.options.bigram else None
+        if row is not None:
+            self.bigram_hits += 1
+        else:
             row = t.rows.get(token)
             if row is None:
                 return _EMPTY
@@ -230,21 +198,14 @@ class TRSource(DraftSource):
 
     def stats(self) -> dict:
         t = self.table
-        return {
-            "harvested_positions": self.harvested,
-            "lookups": self.lookups,
-            "bigram_hit_rate": self.bigram_hits / self.lookups if self.lookups else 0.0,
-            "tokens_known": len(t.rows) if t is not None else 0,
-            "bigram_entries": len(t.bigram) if t is not None else 0,
-        }
+        return {"harvested_positions": self.harvested, "lookups": self.lookups,
+                "bigram_hit_rate": self.bigram_hits / self.lookups if self.lookups else 0.0,
+                "tokens_known": len(t.rows) if t is not None else 0,
+                "bigram_entries": len(t.bigram) if t is not None else 0}
 
 
 @hookimpl(trylast=True)
 def goose_register_sources(register) -> None:
     register(TRSource)
-    register(
-        TRSource,
-        name="tr-original",
-        defaults={"k": 8, "bigram": False, "warm": True},
-        description="Token Recycling as published: K = 8, no bigram tier, table kept across requests",
-    )
+    register(TRSource, name="tr-original", defaults={"k": 8, "bigram": False, "warm": True},
+             description="Token Recycling as published: K = 8, no bigram tier, table kept across requests")
