@@ -114,11 +114,10 @@ class PLDSource(DraftSource):
 
     def begin(self, request: Request) -> None:
         self.index = NgramIndex(self.options.ngram_sizes)
-        self.last_consensus = False
 
-    def _copy(self, tokens: Sequence[int], ent: _Entry, limit: int) -> list[int]:
+    def _copy(self, tokens: Sequence[int], ent: _Entry) -> list[int]:
         start = (ent.first if self.options.occurrence == "earliest" else ent.last) + 1
-        return list(tokens[start : start + min(limit, self.options.max_chain)])
+        return list(tokens[start : start + self.options.max_chain])
 
     def propose(self, state: DraftState) -> Proposal | None:
         o = self.options
@@ -129,7 +128,7 @@ class PLDSource(DraftSource):
             return None
         _, ent = hit
         consensus = ent.count >= 2 and ent.agree
-        chain = self._copy(tokens, ent, o.max_chain)
+        chain = self._copy(tokens, ent)
         if not chain:
             return None
         conf = confidence(len(chain), consensus)
@@ -144,7 +143,7 @@ class PLDSource(DraftSource):
                 _, ent = hit
                 # Each re-query appends its whole copy (up to max_chain), so the chain may pass
                 # the cap by less than one copy, as in the reference; the tree policy cuts it.
-                more = self._copy(tokens, ent, o.max_chain)
+                more = self._copy(tokens, ent)
                 if not more:
                     break
                 chain.extend(more)
@@ -152,9 +151,8 @@ class PLDSource(DraftSource):
                 # (the first one that is not is still appended, as in the reference).
                 if conf >= 1.0 and not (ent.count >= 2 and ent.agree):
                     break
-        return Proposal.chain(
-            self.name, chain, conf, consensus=consensus, match_len=base_len, extended=len(chain) - base_len
-        )
+        return Proposal.chain(self.name, chain, conf, consensus=consensus, match_len=base_len,
+                              extended=len(chain) - base_len)
 
 
 @hookimpl(trylast=True)
