@@ -34,33 +34,30 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sources", default="pld,tr", help="comma-separated draft sources (default pld,tr)")
     r.add_argument("--policy", default="spine", help="tree policy (default spine)")
     r.add_argument("--budget", type=int, default=60)
-    r.add_argument("--data-dir", default=None, help="benchmark data folder (default: $GOOSE_DATA; demo and humaneval need none)")
+    r.add_argument("--data-dir", default=None,
+                   help="benchmark data folder (default: $GOOSE_DATA; demo and humaneval need none)")
     r.add_argument("--threads", type=int, default=None)
     return p
 
 
-def _record(args) -> int:
-    from goose.theory.collect import record_runs
-
-    recs = record_runs(
-        [d.strip() for d in args.datasets.split(",") if d.strip()], args.out, args.model, args.num_prompts,
-        args.max_new_tokens, [s.strip() for s in args.sources.split(",") if s.strip()], args.policy, args.budget,
-        args.data_dir, args.threads,
-    )
-    print(f"wrote {len(recs)} step records to {args.out}")
-    return 0
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
     if args.cmd == "record":
         from goose.errors import GooseError
+        from goose.theory.collect import record_runs
 
         try:
-            return _record(args)
+            recs = record_runs(_names(args.datasets), args.out, args.model, args.num_prompts, args.max_new_tokens,
+                               _names(args.sources), args.policy, args.budget, args.data_dir, args.threads)
         except GooseError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        print(f"wrote {len(recs)} step records to {args.out}")
+        return 0
     from goose.theory.calibrate import load_records
     from goose.theory.checks import run_all
 

@@ -1,15 +1,6 @@
-"""Proposition 2: how many branches each spine node should get.
-
-The problem (docs/theory.md, "Proposition 2"): a spine of L nodes at depths 1..L with rates
-``p_d``; ``M`` leaf branches to place at the spine nodes, at most ``K = len(q)`` per node (the
-source's top-K). ``b_d`` branches at depth d catch the target's token with probability
-``P_d * w'_d * Q(b_d)``, where ``P_d = p_1 ... p_d`` (the spine reached d),
-``w'_d = 1 - p_{d+1}`` (the spine broke right after d; 1 at the chain's end d = L) and
-``Q(b) = q_1 + ... + q_b``. So the expected extra tokens are ``G(b) = sum_d w_d Q(b_d)`` with
-``w_d = P_d (1 - p_{d+1})`` (``w_L = P_L``): separable, and concave in each ``b_d`` when ``q`` is
-non-increasing, so taking the ``M`` largest marginal gains ``w_d q_{b_d + 1}`` one at a time is
-exact.
-"""
+"""Proposition 2: how many branches each spine node should get (docs/theory.md, "Proposition 2").
+The expected extra tokens ``G(b) = sum_d w_d (q_1 + ... + q_{b_d})`` are separable and concave in each
+``b_d`` when ``q`` is non-increasing, so taking the largest marginal gains one at a time is exact."""
 
 from __future__ import annotations
 
@@ -42,17 +33,13 @@ def gain(w: Sequence[float], q: Sequence[float], b: Sequence[int]) -> float:
     return float(sum(wd * Q[min(bd, len(q))] for wd, bd in zip(w, b, strict=True)))
 
 
-def _check_q(q: Sequence[float]) -> None:
-    if any(q[i + 1] > q[i] + 1e-15 for i in range(len(q) - 1)):
-        raise ValueError(f"q must be non-increasing in rank for the greedy allocation to be exact, got {list(q)}")
-
-
 def optimal_allocation(w: Sequence[float], q: Sequence[float], M: int) -> list[int]:
     """The exact optimum: the ``M`` largest marginal gains (ties: the shallower node first).
 
     Uses all ``min(M, L K)`` nodes (extra nodes never lower the gain).
     """
-    _check_q(q)
+    if any(b > a + 1e-15 for a, b in zip(q, q[1:])):
+        raise ValueError(f"q must be non-increasing in rank for the greedy allocation to be exact, got {list(q)}")
     L, K = len(w), len(q)
     b = [0] * L
     heap = [(-w[d] * q[0], d) for d in range(L)] if K else []
@@ -88,11 +75,10 @@ def _fill(b: list[int], M: int, K: int) -> list[int]:
     return b
 
 
-def harmonic_allocation(M: int, L: int, K: int, fill: bool = True) -> list[int]:
-    """Section 6's 1/(j+1) rule: in depth order, ``max(1, floor(M w_j / W))`` capped by what is
-    left and by the top-K. ``fill=False`` is the deployed rule (the flooring remainder goes to the
-    breadth-first extension instead); ``fill=True`` spends it here (shallowest first) so that all
-    rules use the same number of nodes."""
+def harmonic_allocation(M: int, L: int, K: int) -> list[int]:
+    """Section 6's 1/(j+1) rule: in depth order, ``max(1, floor(M w_j / W))`` capped by what is left
+    and by the top-K; the flooring remainder (which the deployed rule gives to the breadth-first
+    extension) is spent here, shallowest first, so that all rules use the same number of nodes."""
     if L <= 0:
         return []
     W = sum(1.0 / (j + 1) for j in range(L))
@@ -101,7 +87,7 @@ def harmonic_allocation(M: int, L: int, K: int, fill: bool = True) -> list[int]:
         take = min(max(1, int(M / (j + 1) / W)), left, K) if left > 0 else 0
         b.append(take)
         left -= take
-    return _fill(b, M, K) if fill else b
+    return _fill(b, M, K)
 
 
 def uniform_allocation(M: int, L: int, K: int) -> list[int]:

@@ -1,10 +1,6 @@
-"""The proposition checks behind ``python -m goose.theory check`` (docs/theory.md states each).
-
-Every check returns :class:`Check` lines. ``holds``/``fails`` lines are exact statements that the
-numbers must satisfy (``margin >= 0`` iff it holds); ``note`` lines report what was measured
-where a claim, as the algorithm notes word it, does not hold everywhere (with the parameters);
-``skipped`` lines say why a check could not run. Only ``fails`` makes the command exit non-zero.
-"""
+"""The proposition checks behind ``python -m goose.theory check`` (docs/theory.md states each and the
+meaning of the statuses: ``holds``/``fails`` for exact statements, ``note`` for measurements,
+``skipped`` where records are missing; only ``fails`` makes the command exit non-zero)."""
 
 from __future__ import annotations
 
@@ -25,6 +21,7 @@ from goose.theory.model import (
     chain_accept_from_path,
     greedy_walk,
     independent_ranks,
+    path_to,
     simulate_tokens,
 )
 from goose.theory.trees import (
@@ -92,11 +89,7 @@ def random_rates(rng: np.random.Generator, K: int, sorted_desc: bool = False) ->
 def random_tree(rng: np.random.Generator, n: int, origins=(BRANCH, ROOT_BRANCH, "plugin")):
     """A random tree of n nodes with a random spine (a root path) and random non-spine origins."""
     parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
-    end = int(rng.integers(0, n))
-    spine = set()
-    while end > 0:
-        spine.add(end)
-        end = parents[end]
+    spine = set(path_to(parents, int(rng.integers(0, n)))[1:])
     labels = [ROOT] + [LEAD if i in spine else origins[int(rng.integers(0, len(origins)))] for i in range(1, n)]
     return make_tree(parents, labels)
 
@@ -112,6 +105,12 @@ def random_model(rng: np.random.Generator) -> AcceptanceModel:
 # ---------------------------------------------------------------------------------------------
 # The model and the optimal-tree programs
 # ---------------------------------------------------------------------------------------------
+def _mc_z(sim: np.ndarray, exact: float) -> float:
+    """``|mean - exact|`` in standard errors of the Monte-Carlo mean (0 or inf when it has no spread)."""
+    err, se = abs(sim.mean() - exact), sim.std(ddof=1) / math.sqrt(len(sim))
+    return err / se if se > 0 else (0.0 if err < TOL else math.inf)
+
+
 def check_model(rng: np.random.Generator, cases: int = 40, walks: int = 20000) -> list[Check]:
     worst = 0.0
     where = ""
@@ -120,8 +119,7 @@ def check_model(rng: np.random.Generator, cases: int = 40, walks: int = 20000) -
         tree = random_tree(rng, int(rng.integers(1, 40)))
         exact = model.expected_tokens(tree)
         sim = simulate_tokens(tree, model, walks, rng)
-        se = sim.std(ddof=1) / math.sqrt(walks)
-        z = abs(sim.mean() - exact) / se if se > 0 else (0.0 if abs(sim.mean() - exact) < TOL else math.inf)
+        z = _mc_z(sim, exact)
         if z > worst:
             worst, where = z, f"case {c}: {tree.num_nodes} nodes, exact {exact:.4f}, MC {sim.mean():.4f}"
     return [Check.of(
@@ -162,10 +160,6 @@ def check_optimal(rng: np.random.Generator, cases: int = 12, max_budget: int = 7
 P2_P = tuple(round(x, 2) for x in np.arange(0.05, 0.96, 0.05))
 P2_Q = (0.01, 0.03, 0.1, 0.3)
 P2_L = (1, 2, 3, 4, 6, 9, 12, 16, 20)
-
-
-def _budgets(L: int) -> range:
-    return range(1, K_TOP * L + 1, 1 if L <= 4 else 3)
 
 
 def check_prop2(rng: np.random.Generator, report: Report) -> list[Check]:
@@ -250,7 +244,7 @@ def _prop2_ranking() -> list[Check]:
             for L in P2_L:
                 for chain_end in (True, False):
                     w = al.spine_weights((p,), L) if chain_end else al.spine_weights((p,), L + 1)[:L]
-                    for M in _budgets(L):
+                    for M in range(1, K_TOP * L + 1, 1 if L <= 4 else 3):
                         go = al.gain(w, qv, al.optimal_allocation(w, qv, M))
                         gh = al.gain(w, qv, al.harmonic_allocation(M, L, K_TOP))
                         gu = al.gain(w, qv, al.uniform_allocation(M, L, K_TOP))
@@ -468,10 +462,6 @@ P4_P = tuple(round(x, 2) for x in np.arange(0.05, 0.96, 0.05))
 P4_BUDGETS = (20, 40, 60, 100)
 
 
-def check_prop4(rng: np.random.Generator, records: Sequence[Record] | None) -> list[Check]:
-    return check_prop4_per_cycle(rng, records) + check_prop4_expected(rng)
-
-
 def check_prop4_per_cycle(rng: np.random.Generator, records: Sequence[Record] | None) -> list[Check]:
     """Per step, exact: the tree's accepted length vs the spine chain re-walked alone."""
     out = []
@@ -626,13 +616,6 @@ NS_EXAMPLE = so.Sources(((0.3,) * 8, (0.8,) * 16), independent_ranks(0.03, K_TOP
 NS_EXAMPLE_BUDGET = 60
 
 
-def check_nsource(rng: np.random.Generator) -> list[Check]:
-    """docs/theory.md, "N sources". The checks below take the planner (and estimator) as parameters,
-    so a bad one can be handed in to see them fail."""
-    return (check_nsource_model(rng) + check_nsource_dominance(rng, NS_CASES) + check_nsource_optimum(rng)
-            + check_nsource_example() + check_nsource_estimates(rng))
-
-
 def random_plan(rng: np.random.Generator, src: so.Sources) -> so.Plan:
     """Any layout, with arbitrary (not optimal) forest sizes: exercises the value beyond the planners."""
     leader = int(rng.integers(src.n))
@@ -666,9 +649,7 @@ def check_nsource_model(rng: np.random.Generator, cases: int = 10, walks: int = 
         for plan in (so.rate_plan(src, B), so.list_order_plan(src, B), random_plan(rng, src)):
             sim, bad = so.simulate_tokens(src, plan, walks, rng)
             broken, n_mc = broken + bad, n_mc + 1
-            se = sim.std(ddof=1) / math.sqrt(walks)
-            err = abs(sim.mean() - plan.value)
-            z = err / se if se > 0 else (0.0 if err < TOL else math.inf)
+            z = _mc_z(sim, plan.value)
             if z > worst:
                 worst, where = z, f"case {c}: {src.n} sources, exact {plan.value:.4f}, MC {sim.mean():.4f}"
     return [
@@ -691,8 +672,7 @@ def check_nsource_dominance(rng: np.random.Generator, cases: int = NS_CASES,
     """Exact expectations per case, over random rates (the coverage is sampled)."""
     lead_margin = iso_margin = gap_margin = math.inf
     over = 0
-    keys = ("gain", "iso", "listed", "alone", "led", "ratio", "short", "right", "sides")
-    col: dict[str, list] = {k: [] for k in keys}
+    rows = []
     for _ in range(cases):
         src = so.random_sources(rng)
         B = int(rng.integers(4, 65))
@@ -708,11 +688,11 @@ def check_nsource_dominance(rng: np.random.Generator, cases: int = NS_CASES,
         gain = plan.value / max(ones) - 1
         if E[0] >= NS_GAP * E[1]:
             gap_margin = min(gap_margin, gain)
-        for k, v in (("gain", gain), ("iso", plan.value / iso - 1), ("listed", plan.value / led[0] - 1),
-                     ("alone", plan.value / ones[0] - 1), ("led", plan.value / max(led) - 1), ("ratio", E[0] / E[1]), ("short", B - 1 < max(src.length(s) for s in range(src.n))),
-                     ("right", int(np.argmax(ones)) == plan.leader), ("sides", any(plan.sides))):
-            col[k].append(v)
-    a = {k: np.asarray(v, dtype=float) for k, v in col.items()}
+        rows.append((gain, plan.value / iso - 1, plan.value / led[0] - 1, plan.value / ones[0] - 1,
+                     plan.value / max(led) - 1, E[0] / E[1], B - 1 < max(src.length(s) for s in range(src.n)),
+                     int(np.argmax(ones)) == plan.leader, any(plan.sides)))
+    keys = ("gain", "iso", "listed", "alone", "led", "ratio", "short", "right", "sides")
+    a = dict(zip(keys, np.asarray(rows, dtype=float).T, strict=True))
     lose = a["gain"] < -TOL
     losses = (f" (worst {a['gain'].min():+.1%}; E1/E2 <= {a['ratio'][lose].max():.2f} in all; "
               f"{int(a['short'][lose].sum())} with M - 1 < the longest chain)") if lose.any() else ""
@@ -821,13 +801,16 @@ def check_nsource_estimates(rng: np.random.Generator, planner: so.Planner = so.r
 
 # ---------------------------------------------------------------------------------------------
 def run_all(records: Sequence[Record] | None = None, seed: int = 0, tau_tol: float = 0.10) -> Report:
+    """Every check, in the order ``check`` prints them, and the plots' data."""
     rng = np.random.default_rng(seed)
     report = Report()
     report.checks += check_model(rng)
     report.checks += check_optimal(rng)
     report.checks += check_prop2(rng, report)
     report.checks += check_prop3(report, seed)
-    report.checks += check_prop4(rng, records)
+    report.checks += check_prop4_per_cycle(rng, records) + check_prop4_expected(rng)
     report.checks += check_calibration(rng, records, report, tau_tol)
-    report.checks += check_nsource(rng)
+    # the N-source checks take the planner (and estimator) as parameters, so a bad one can be handed in to fail them
+    report.checks += (check_nsource_model(rng) + check_nsource_dominance(rng) + check_nsource_optimum(rng)
+                      + check_nsource_example() + check_nsource_estimates(rng))
     return report

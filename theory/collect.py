@@ -1,9 +1,5 @@
-"""Record real runs for the calibration: ``python -m goose.theory record ...``.
-
-Decodes benchmark prompts with a composed decoder (default: the GOOSE preset, sources pld + tr,
-policy spine) and writes one JSON line per verification step (the format of
-:mod:`goose.theory.calibrate`), tagged with the dataset. ``check --records`` reads the file.
-"""
+"""Record real runs for the calibration (``python -m goose.theory record ...``): one JSON line per
+verification step (the format of :mod:`goose.theory.calibrate`), tagged with the dataset."""
 
 from __future__ import annotations
 
@@ -25,39 +21,36 @@ def record_runs(
     data_dir: str | None = None,
     threads: int | None = None,
 ) -> list:
+    """Decode ``num_prompts`` prompts of each dataset with a composed decoder, write the step records to
+    ``out`` and return them; ``threads`` applies while it runs (the caller's torch setting is restored)."""
     import torch
 
+    import goose
+    from goose.theory.calibrate import Recorder, dump_records
+    from goose.tools import datasets as ds
     from goose.tools import models
 
     caller_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
+    recorder = Recorder()
     try:
-        return _collect(models.load(model_name), sources, policy, budget, datasets, num_prompts, max_new_tokens,
-                        data_dir, out)
+        model, tok = models.load(model_name)
+        decoder = goose.compose(model, tok, sources=list(sources), policy=policy, budget=budget)
+        goose.register_plugin(recorder, name="goose-theory-recorder")
+        try:
+            t0 = time.time()
+            for spec in datasets:
+                prompts = ds.load(spec, data_dir)[:num_prompts]
+                recorder.set_dataset(spec)
+                for k, p in enumerate(prompts):
+                    ids = tok(p.text, return_tensors="pt")["input_ids"]
+                    res = decoder.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+                    print(f"{spec} {k + 1}/{len(prompts)}: tau {res.stats.tau:.2f} ({time.time() - t0:.0f}s)",
+                          file=sys.stderr)
+        finally:
+            goose.unregister_plugin("goose-theory-recorder")
     finally:
         torch.set_num_threads(caller_threads)  # the caller's setting, as it was
-
-
-def _collect(loaded, sources, policy, budget, datasets, num_prompts, max_new_tokens, data_dir, out) -> list:
-    import goose
-    from goose.tools import datasets as ds
-    from goose.theory.calibrate import Recorder, dump_records
-
-    model, tok = loaded
-    decoder = goose.compose(model, tok, sources=list(sources), policy=policy, budget=budget)
-    recorder = Recorder()
-    goose.register_plugin(recorder, name="goose-theory-recorder")
-    try:
-        t0 = time.time()
-        for spec in datasets:
-            prompts = ds.load(spec, data_dir)[:num_prompts]
-            recorder.set_dataset(spec)
-            for k, p in enumerate(prompts):
-                ids = tok(p.text, return_tensors="pt")["input_ids"]
-                out_ = decoder.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-                print(f"{spec} {k + 1}/{len(prompts)}: tau {out_.stats.tau:.2f} ({time.time() - t0:.0f}s)", file=sys.stderr)
-    finally:
-        goose.unregister_plugin("goose-theory-recorder")
     dump_records(recorder.records, out)
     return recorder.records

@@ -1,23 +1,6 @@
-"""N chain sources in one tree: the acceptance model, the exact value of a tree plan, the plans
-the checks compare, and a simulator that walks real token tries (docs/theory.md, "N sources").
-
-**Model.** Chain source ``s`` proposes ``n_s`` tokens; ``A_s``, its count of leading right
-tokens, has ``P(A_s >= d | A_s >= d - 1) = p^s_d``, independently across sources, and its wrong
-tokens are its own: two chains share exactly their first ``min(A_s, A_t)`` tokens. The branch
-(TR) source's rank-r candidate is right with ``q_r`` (the positional model).
-
-**Plans.** A :class:`Plan` lays the chains out as policies/chains.py does: the leader's first
-``spine`` tokens are the spine; another source hangs its next ``sides[s]`` tokens (origin
-``"chain"``) under the drafted spine node where it leaves the leader's chain; the spine node at
-depth d (0 = the root) holds the best TR forest of ``widths[d]`` nodes. A realised tree never
-has more than :attr:`Plan.nodes` nodes; nodes a short or shared side chain leaves are not re-spent.
-
-**Exact value** (:func:`evaluate`, docs/theory.md "N sources"): the trie accepts the longest
-drafted right prefix; conditioned on ``A_leader``, the forests add ``sum_d w_d F(widths[d])``,
-separable over depths with ``F`` concave (checked), so the largest marginal gains give the exact
-optimal widths (:func:`fit`, the greedy of theory/allocation.py). Everything here is exact
-arithmetic except :func:`simulate_tokens` and :func:`observed_rates`, which sample.
-"""
+"""N chain sources in one tree (docs/theory.md, "N sources"): the model, the exact value of a tree
+:class:`Plan`, the plans the checks compare, and a simulator that walks real token tries. Everything
+is exact arithmetic except :func:`simulate_tokens` and :func:`observed_rates`, which sample."""
 
 from __future__ import annotations
 
@@ -89,7 +72,7 @@ class Sources:
 
 @dataclass(frozen=True)
 class Plan:
-    """A tree layout (module docstring) and its exact expected tokens per step."""
+    """A tree layout (docs/theory.md, "Plans") and its exact expected tokens per step."""
 
     leader: int
     spine: int
@@ -123,11 +106,8 @@ def _forest(q: tuple[float, ...], size: int) -> np.ndarray:
 
 
 def chain_terms(src: Sources, leader: int, spine: int, sides: Sequence[int]) -> tuple[float, np.ndarray]:
-    """Exact: (expected accepted chain tokens, ``[spine + 1]`` TR weights ``w_d``). With ``a = A_leader``
-    and ``S_s(d) = P(A_s >= d)``: ``a > spine`` accepts ``spine`` tokens; ``a <= spine`` accepts
-    ``a + sum_j [1 - prod_{s: sides[s] >= j} (1 - S_s(a + j))]`` and stops at spine node ``a`` with
-    ``Z(a) = prod_{s: sides[s] >= 1} (1 - S_s(a + 1))``; ``w_d = P(A_leader = d) Z(d)``, plus
-    ``P(A_leader > spine)`` at ``d = spine``."""
+    """Exact: (expected accepted chain tokens, ``[spine + 1]`` TR weights ``w_d``), the closed form of
+    docs/theory.md, "Exact value"."""
     S = src.survival
     a = np.arange(spine + 1)
     pa = S[leader, : spine + 1] - S[leader, 1 : spine + 2]  # P(A_leader = a)
@@ -270,12 +250,6 @@ def isotropic_value(q: Sequence[float], budget: int) -> tuple[float, int]:
 # ---------------------------------------------------------------------------------------------
 # Real token tries (the Monte Carlo side)
 # ---------------------------------------------------------------------------------------------
-def chain_tokens(src: Sources, A: Sequence[int]) -> list[tuple[int, ...]]:
-    """Each source's chain for right-prefix lengths ``A``: the truth's token at depth d is ``d``;
-    source s's wrong token at depth d is ``1000 (s + 1) + d`` (unique to it)."""
-    return [tuple(d if d <= A[s] else 1000 * (s + 1) + d for d in range(1, src.length(s) + 1)) for s in range(src.n)]
-
-
 @lru_cache(maxsize=1024)
 def forest_shape(q: tuple[float, ...], nodes: int) -> DraftTree:
     """The best TR forest of at most ``nodes`` nodes under a root (``trees.optimal_single_source``)."""
@@ -285,7 +259,8 @@ def forest_shape(q: tuple[float, ...], nodes: int) -> DraftTree:
 def realize(src: Sources, plan: Plan, A: Sequence[int]) -> tuple[DraftTree, list[int]]:
     """The tree ``plan`` drafts when the sources' right prefixes are ``A``, built as a token trie
     (shared tokens are one node), and each source's drafted depth (its deepest node in the trie)."""
-    chains = chain_tokens(src, A)
+    # the truth's token at depth d is d; source s's wrong token there is 1000 (s + 1) + d, its own
+    chains = [tuple(d if d <= A[s] else 1000 * (s + 1) + d for d in range(1, src.length(s) + 1)) for s in range(src.n)]
     lead = chains[plan.leader]
     tokens, parents, origins = [0], [-1], [ROOT]
     kids: list[dict[int, int]] = [{}]
@@ -354,10 +329,7 @@ def sample_prefixes(src: Sources, n: int, rng: np.random.Generator) -> np.ndarra
 def simulate_tokens(src: Sources, plan: Plan, n: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
     """Sampled: ``[n]`` committed tokens per step, and how many distinct draws of ``A`` broke the
     per-step identity "the trie accepts the longest drafted right prefix" (0 when the model holds).
-
-    Each step draws ``A``, builds the trie (:func:`realize`) and walks it (:func:`chain_walk`); where
-    the walk stops at spine node d, the TR forest there is walked by ``model.simulate_walks`` (a
-    rank drawn from ``q`` at every node, followed when drafted)."""
+    Each step walks the trie :func:`realize` builds, then the TR forest where it stops (``simulate_walks``)."""
     A = sample_prefixes(src, n, rng)
     _, first, inv = np.unique(A @ (max(src.length(s) for s in range(src.n)) + 1) ** np.arange(src.n),
                               return_index=True, return_inverse=True)

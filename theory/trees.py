@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from goose.policies.spine import harmonic_split  # the deployed rule, as the policy runs it
-from goose.theory.model import ROOT, LEAD, AcceptanceModel, _depths
+from goose.theory.model import ROOT, LEAD, AcceptanceModel, _depths, path_to
 from goose.tree import DraftTree
 
 BRANCH = "branch"
@@ -91,11 +91,8 @@ class SpineRule:
 
 def goose_tree(q: Sequence[float], rule: SpineRule = SpineRule()) -> DraftTree:
     """The spine tree section 6 builds, with a branch source whose rank-r successor has score
-    ``q_r / sum(q)`` (a calibrated table; ranks beyond ``top_k`` do not exist).
-
-    Root branches are labelled ``root-branch``, the rest ``branch``. With ``chain_len = 0`` this
-    is the pure branch tree the rule builds when there is no context match.
-    """
+    ``q_r / sum(q)`` (ranks beyond ``top_k`` do not exist); root branches are labelled ``root-branch``.
+    With ``chain_len = 0`` it is the pure branch tree the rule builds when there is no context match."""
     budget = rule.budget + int(rule.confidence * rule.budget_extension)
     qv = list(q)[: rule.top_k]
     total = sum(qv)
@@ -122,13 +119,16 @@ def goose_tree(q: Sequence[float], rule: SpineRule = SpineRule()) -> DraftTree:
 
     frontier: deque[tuple[int, float]] = deque()
 
-    def attach(parent: int, allowance: int, origin: str) -> None:
+    def attach(parent: int, allowance: int, origin: str) -> int:
+        """Up to ``allowance`` children of ranks 1, 2, ... (score >= min_score); returns how many."""
+        before = len(parents)
         for r in range(min(allowance, len(scores))):
             if scores[r] < rule.min_score:
                 break
             c = add(parent, origin)
             if depth[c] < rule.max_branch_depth:
                 frontier.append((c, scores[r]))
+        return len(parents) - before
 
     attach(0, root_share, ROOT_BRANCH)
     for j, allowance in enumerate(harmonic_split(spine_share, L)):
@@ -138,14 +138,7 @@ def goose_tree(q: Sequence[float], rule: SpineRule = SpineRule()) -> DraftTree:
     while frontier and remaining > 0:
         u, score = frontier.popleft()
         width = max(1, min(len(scores), math.ceil(remaining * score)))
-        width = min(width, max(1, rule.top_k // depth[u]))
-        for r in range(width):
-            if remaining <= 0 or scores[r] < rule.min_score:
-                break
-            c = add(u, BRANCH)
-            remaining -= 1
-            if depth[c] < rule.max_branch_depth:
-                frontier.append((c, scores[r]))
+        remaining -= attach(u, min(width, max(1, rule.top_k // depth[u]), remaining), BRANCH)
     return make_tree(parents, origins, "branched")
 
 
@@ -340,11 +333,7 @@ def brute_force_best(
                 continue
             ends = range(n) if spine else (0,)
             for end in ends:
-                on_path = set()
-                u = end
-                while u > 0:
-                    on_path.add(u)
-                    u = parents[u]
+                on_path = set(path_to(parents, end)[1:])
                 if max_spine is not None and len(on_path) > max_spine:
                     continue
                 origins = [ROOT] + [LEAD if i in on_path else BRANCH for i in range(1, n)]
