@@ -1,14 +1,8 @@
 """Goose's draft sources inside vLLM: a ``custom_class`` speculative proposer (docs/vllm.md).
 
-vLLM verifies one draft chain per request per engine step, with its own sampler (so the output is vLLM's).
-:class:`Proposer` gives each request its own copies of the sources, merges their chains as the ``spine``
-policy does, and plans how many tokens each request drafts for the whole batch against the engine step's
-measured cost (:class:`StepCost`); ``tr`` is served from the logits vLLM computes (:class:`Recycler`).
-
 Use (the engine imports this package by its path, in the worker process)::
 
-    from vllm import LLM
-    llm = LLM(model=path, speculative_config={
+    LLM(model=path, speculative_config={
         "method": "custom_class", "model": "goose.vllm.Proposer", "num_speculative_tokens": 16})
 
 Options: :class:`ProposerOptions`, given as ``$GOOSE_VLLM_OPTIONS`` (a JSON object) and ``$GOOSE_VLLM_SOURCES``

@@ -10,18 +10,12 @@ from math import acos, cos, log, pi, sqrt
 
 
 class StepCost:
-    """The engine step's time against its decoding requests and drafted rows, measured as the engine runs: each
-    ``propose`` call ends the step the previous call's drafts went into. Old steps are decayed; a step that
-    carried prompt tokens is not counted (its time is the prompt's). Requests and drafted rows are priced apart,
-    since a request's row costs more than a drafted row (docs/vllm.md, "The step cost").
-
-    Kept: per (request bucket, drafted-rows bucket) the decayed mean time, requests and drafted rows; a decayed
+    """The engine step's time against its decoding requests and drafted rows, measured as the engine runs
+    (docs/vllm.md, "The step cost"): each ``propose`` call ends the step the previous call's drafts went into.
+    Old steps are decayed; a step that carried prompt tokens is not counted (its time is the prompt's). Kept: per
+    (request bucket, drafted-rows bucket) the decayed mean time, requests and drafted rows; a decayed
     least-squares plane ``a + b_req * requests + b_row * drafted``; and a line ``a + b * rows`` (rows: requests
-    plus drafted). :meth:`cost` at ``requests`` reads its request bucket's points (every bucket's while it has
-    none), each moved to ``requests`` along ``b_req``, made non-decreasing over drafted rows and interpolated;
-    past the last point along ``b_row`` (at least the points' chord; the line's slope while the plane cannot be
-    read; in proportion to the rows while neither can), below the first along it too (at most the first point's
-    time). Without ``requests`` every bucket is read by rows."""
+    plus drafted). :meth:`cost` reads them (:meth:`curve`, :meth:`_costs`)."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 8, outlier_factor: float = 3.0):
         self.decay, self.min_steps, self.outlier_factor = decay, min_steps, outlier_factor
@@ -67,7 +61,7 @@ class StepCost:
         self.p = [[d * a + vi * vj for a, vj in zip(row, v)] for row, vi in zip(self.p, v)]
         for k, e in list(self.buckets.items()):
             e[:] = [d * x for x in e]
-            if e[0] < 1e-4:  # decayed away (read only above 0.05): dropped, so the loop stays as long as the load's buckets
+            if e[0] < 1e-4:  # decayed away (read above 0.05): dropped, so this loop stays as long as the load's
                 del self.buckets[k]
         e = self.buckets.setdefault((self.bucket(int(n)), self.bucket(int(m))), [0.0, 0.0, 0.0, 0.0])
         e[:] = [a + b for a, b in zip(e, (1.0, dt, n, m))]
@@ -100,7 +94,7 @@ class StepCost:
     def fit(self) -> tuple[float, float] | None:
         """(a, b) in seconds of the line over rows, b at least 0; None while unmeasured or degenerate."""
         w, sx, sxx, sy, sxy, _ = self.s
-        if self.steps < self.min_steps:
+        if not self.ready():
             return None
         var = w * sxx - sx * sx
         if var <= 1e-9 * max(1.0, w * sxx):
@@ -113,31 +107,26 @@ class StepCost:
         """(a, b_req, b_row) in seconds, slopes at least 0; None while unmeasured, or while the steps do not
         vary in both requests and drafted rows."""
         if self._plane is False:
-            beta = solve_normal3(self.p, max_cond=1e6) if self.steps >= self.min_steps else None
+            beta = solve_normal3(self.p, max_cond=1e6) if self.ready() else None
             self._plane = None if beta is None else (float(beta[0]), float(max(beta[1], 0.0)), float(max(beta[2], 0.0)))
         return self._plane
 
-    def _points(self, requests: int | None) -> list[tuple[float, float, float]]:
-        """``[(x, seconds, weight), ...]`` by x, of the buckets a cost at ``requests`` reads: x is drafted rows (rows while
-        ``requests`` is None), seconds moved to ``requests`` along the plane's request slope."""
+    def curve(self, requests: int | None = None) -> list[tuple[float, float]]:
+        """``[(x, seconds), ...]`` by x, made non-decreasing by :func:`pool_non_decreasing` (weighted by the
+        buckets' decayed steps): x is drafted rows at ``requests`` requests, read from that request bucket's
+        buckets (every bucket's while it has none), each moved to ``requests`` along the request slope; while
+        ``requests`` is None, x is rows and every bucket is read."""
+        if requests in self._curves:
+            return self._curves[requests]
         live = [(k, e) for k, e in self.buckets.items() if e[0] > 0.05]
         if requests is None:
             pts = [((e[2] + e[3]) / e[0], e[1] / e[0], e[0]) for _, e in live]
         else:
             own = [(k, e) for k, e in live if k[0] == self.bucket(requests)] or live
-            pl = self.plane()
-            f = self.fit() if pl is None else None
-            b_req = pl[1] if pl is not None else f[1] if f is not None else 0.0
+            b_req = self._slopes(requests)[0] or 0.0
             pts = [(e[3] / e[0], e[1] / e[0] + b_req * (requests - e[2] / e[0]), e[0]) for _, e in own]
-        pts.sort()
-        return pts
-
-    def curve(self, requests: int | None = None) -> list[tuple[float, float]]:
-        """``[(x, seconds), ...]`` by x (drafted rows at ``requests`` requests; rows while None), made
-        non-decreasing by :func:`pool_non_decreasing` (weighted by the buckets' decayed steps)."""
-        if requests not in self._curves:
-            self._curves[requests] = pool_non_decreasing(self._points(requests)) if self.buckets else []
-        return self._curves[requests]
+        self._curves[requests] = curve = pool_non_decreasing(sorted(pts))
+        return curve
 
     def costs(self, lo: int, hi: int, requests: int | None = None) -> list[float]:
         """``[cost(rows, requests) for rows in lo..hi]`` (call once :meth:`ready`), kept until the next step per
@@ -149,9 +138,11 @@ class StepCost:
         return span[1][lo - span[0] : hi - span[0] + 1]
 
     def _costs(self, lo: int, hi: int, requests: int | None) -> list[float]:
-        """As :meth:`costs`, worked out."""
+        """As :meth:`costs`, worked out: the curve interpolated; past its last point along the slope (at least the
+        points' chord; in proportion to the rows while no slope can be read), below its first along it too (at
+        most the first point's time)."""
         xs, ys = ([float(x) for x in v] for v in zip(*self.curve(requests)))
-        slope = self._slope(requests)
+        slope = self._slopes(requests)[1]
         if requests is not None and xs[-1] - xs[0] >= 2.0:  # past the most drafted rows measured at this batch size,
             chord = (ys[-1] - ys[0]) / (xs[-1] - xs[0])  # a row costs at least what the measured ones did on average
             slope = chord if slope is None else max(slope, chord)
@@ -178,19 +169,18 @@ class StepCost:
             out.append(max(c, 1e-9))
         return out
 
-    def _slope(self, requests: int | None) -> float | None:
-        """Seconds per row past the measured points: the plane's per drafted row (with ``requests``), else the
-        line's; None when neither can be read."""
-        if requests is not None:
-            pl = self.plane()
-            if pl is not None:
-                return pl[2]
+    def _slopes(self, requests: int | None) -> tuple[float | None, float | None]:
+        """Seconds per request and per row past the measured points: the plane's (with ``requests``), else the
+        line's slope for both; None where neither can be read."""
+        pl = self.plane() if requests is not None else None
+        if pl is not None:
+            return pl[1], pl[2]
         f = self.fit()
-        return f[1] if f is not None else None
+        return (None, None) if f is None else (f[1], f[1])
 
     def cost(self, rows: int, requests: int | None = None) -> float:
-        """Seconds of a step verifying ``rows`` rows, ``requests`` of them decoding requests' own (see the class
-        docstring); call once :meth:`ready`."""
+        """Seconds of a step verifying ``rows`` rows, ``requests`` of them decoding requests' own (None: read by
+        rows alone); call once :meth:`ready`."""
         return self.costs(rows, rows, requests)[0]
 
     def table(self) -> dict:
@@ -226,7 +216,7 @@ def solve_normal3(p: list[list[float]], max_cond: float) -> tuple[float, float, 
     sc = [sqrt(p[i][i]) + 1e-12 for i in range(3)]
     m = [[p[i][j] / (sc[i] * sc[j]) for j in range(3)] for i in range(3)]
     y = [p[i][3] / sc[i] for i in range(3)]
-    # eigenvalues of the symmetric m (closed form: Smith, CACM 1961): the condition number is the largest over the smallest
+    # eigenvalues of the symmetric m (closed form: Smith, CACM 1961); the condition number: largest over smallest
     q = (m[0][0] + m[1][1] + m[2][2]) / 3.0
     off = m[0][1] ** 2 + m[0][2] ** 2 + m[1][2] ** 2
     r2 = ((m[0][0] - q) ** 2 + (m[1][1] - q) ** 2 + (m[2][2] - q) ** 2 + 2.0 * off) / 6.0
@@ -253,8 +243,6 @@ def pool_non_decreasing(points) -> list[tuple[float, float]]:
         blocks.append([w, w * x, w * y])
         while len(blocks) > 1 and (blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]
                                    or blocks[-2][1] / blocks[-2][0] >= blocks[-1][1] / blocks[-1][0] - 1e-9):
-            w2, x2, y2 = blocks.pop()
-            blocks[-1][0] += w2
-            blocks[-1][1] += x2
-            blocks[-1][2] += y2
+            top = blocks.pop()
+            blocks[-1] = [a + b for a, b in zip(blocks[-1], top)]
     return [(x / w, y / w) for w, x, y in blocks]
