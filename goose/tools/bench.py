@@ -52,6 +52,7 @@ PROFILE_PARTS = ("forward", "sources", "tree", "mask", "walk", "commit", "harves
 
 
 def method_decoder(name: str, model, tok, budget: int | None = None):
+    """A decoder composed from method preset or spec ``name``; ``budget`` overrides its policy's node budget."""
     kw = dict(preset(name))
     if budget is not None:
         kw["budget"] = budget
@@ -130,13 +131,13 @@ def _rate(per_source: dict, origins) -> float | None:
 def summarize(runs: list[Run], methods: list[str]) -> list[dict]:
     """One row per (dataset, method), and per method over ``ALL`` datasets, with pooled and median speedups
     against ``ar``."""
-    by_key: dict[tuple[str, str], Run] = {(r.dataset + "\x00" + r.prompt_id, r.method): r for r in runs}
+    by_key = {(r.dataset, r.prompt_id, r.method): r for r in runs}
     rows = []
     for ds in [*dict.fromkeys(r.dataset for r in runs), "ALL"]:
-        prompts = list(dict.fromkeys(r.dataset + "\x00" + r.prompt_id for r in runs if ds in ("ALL", r.dataset)))
+        prompts = list(dict.fromkeys((r.dataset, r.prompt_id) for r in runs if ds in ("ALL", r.dataset)))
         for m in methods:
-            mine = [(by_key.get((p, m)), by_key.get((p, "ar"))) for p in prompts]
-            mine = [(x, a) for x, a in mine if x is not None and a is not None]
+            mine = [(by_key[(*p, m)], by_key[(*p, "ar")]) for p in prompts
+                    if (*p, m) in by_key and (*p, "ar") in by_key]
             if mine:
                 rows.append(_summary_row(ds, m, mine))
     return rows
@@ -501,10 +502,8 @@ class _Bench:
             pid = p.id if subs == 1 and samples == 1 and turns == 1 else f"{p.id}#{s + 1}"
             first = len(self.runs)
             for m in self.methods:
-                if turns > 1:  # the conversation so far, with this method's own answers
-                    ids = self.encode(p.turns[s], p.turns[:s], tuple(answers[m]))
-                else:
-                    ids = self.encode(p.text)
+                # with --turns, the conversation so far, with this method's own answers
+                ids = self.encode(p.turns[s], p.turns[:s], tuple(answers[m])) if turns > 1 else self.encode(p.text)
                 if self.reused and m == "ar":
                     self.runs.append(self.reused[(p.dataset, p.id)])
                     continue

@@ -12,14 +12,11 @@ from goose.hookspecs import hookimpl
 from goose.tools import models
 from goose.tools.bench import method_decoder
 
-METHODS_HELP = "a method preset (see `goose bench --help`), e.g. spine, pld, iso3"
-
-
 class _Streamer:
     """A run-time plugin: prints the newly committed text after every verification step."""
 
-    def __init__(self, tokenizer, out=None):
-        self.tok, self.out = tokenizer, out if out is not None else sys.stdout  # sys.stdout as it is now
+    def __init__(self, tokenizer):
+        self.tok, self.out = tokenizer, sys.stdout  # sys.stdout as it is now (a test may have replaced it)
         self.ids: list[int] = []
         self.printed = ""
 
@@ -45,7 +42,8 @@ def add_parser(sub) -> None:
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--model", default="smollm2", help="model name or local Hugging Face folder")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--method", default="spine-fit", help=METHODS_HELP + " (default spine-fit: the fastest measured here)")
+    g.add_argument("--method", default="spine-fit", help="a method preset (see `goose bench --help`), e.g. spine, "
+                   "pld, iso3 (default spine-fit: the fastest measured here)")
     g.add_argument("--budget", type=int, default=None)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--threads", type=int, default=2)
