@@ -13,10 +13,8 @@ import numpy as np
 
 
 def spine_weights(p: Sequence[float], L: int) -> np.ndarray:
-    """``[L]`` weights ``w_d = P_d (1 - p_{d+1})`` for d = 1..L-1 and ``w_L = P_L``.
-
-    ``p[d - 1]`` is ``p_d``; depths beyond ``len(p)`` reuse the last entry.
-    """
+    """``[L]`` weights ``w_d = P_d (1 - p_{d+1})`` for d = 1..L-1 and ``w_L = P_L``; ``p[d - 1]`` is
+    ``p_d``, depths beyond ``len(p)`` reuse the last entry."""
     if L <= 0:
         return np.zeros(0)
     pv = [p[min(d, len(p)) - 1] for d in range(1, L + 2)]
@@ -34,10 +32,8 @@ def gain(w: Sequence[float], q: Sequence[float], b: Sequence[int]) -> float:
 
 
 def optimal_allocation(w: Sequence[float], q: Sequence[float], M: int) -> list[int]:
-    """The exact optimum: the ``M`` largest marginal gains (ties: the shallower node first).
-
-    Uses all ``min(M, L K)`` nodes (extra nodes never lower the gain).
-    """
+    """The exact optimum: the ``M`` largest marginal gains (ties: the shallower node first); uses all
+    ``min(M, L K)`` nodes (extra nodes never lower the gain)."""
     if any(b > a + 1e-15 for a, b in zip(q, q[1:])):
         raise ValueError(f"q must be non-increasing in rank for the greedy allocation to be exact, got {list(q)}")
     L, K = len(w), len(q)

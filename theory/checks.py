@@ -31,7 +31,6 @@ from goose.theory.trees import (
     brute_force_best,
     chain_tree,
     goose_tree,
-    isotropic_tree,
     make_tree,
     optimal_single_source,
     optimal_spine_tree,
@@ -311,8 +310,7 @@ def sweep_point(p: float, q: float, budget: int = BUDGET, chain: int = CHAIN) ->
     qv = independent_ranks(q, K_TOP)
     model = AcceptanceModel((p,), qv)
     rule = stationary_rule((p,), SpineRule(budget=budget, chain_len=chain))
-    iso = {k: model.expected_tokens(isotropic_tree(k, budget)) for k in range(2, 6)}
-    k_best = max(iso, key=iso.get)
+    iso, k_best = so.isotropic_value(qv, budget)
     seq, _ = optimal_single_source(qv, budget)
     pld = model.expected_tokens(chain_tree(min(chain, budget - 1)))
     opt, opt_tree = optimal_spine_tree((p,), qv, budget, chain)
@@ -320,7 +318,7 @@ def sweep_point(p: float, q: float, budget: int = BUDGET, chain: int = CHAIN) ->
         "p": p, "q": q, "ratio": p / q, "L": rule.spine_length(),
         "spine": model.expected_tokens(goose_tree(qv, rule)),
         "tr_rule": model.expected_tokens(goose_tree(qv, SpineRule(budget=budget, chain_len=0))),
-        "iso": iso[k_best], "iso_k": k_best, "tr_opt": seq, "pld": pld, "single": max(seq, pld),
+        "iso": iso, "iso_k": k_best, "tr_opt": seq, "pld": pld, "single": max(seq, pld),
         "opt": opt, "opt_L": sum(o == LEAD for o in opt_tree.origins),
     }
 

@@ -143,13 +143,9 @@ def goose_tree(q: Sequence[float], rule: SpineRule = SpineRule()) -> DraftTree:
 
 
 def stationary_rule(p: Sequence[float], rule: SpineRule = SpineRule(), steps: int = 300) -> SpineRule:
-    """``rule`` with the EMA tier it settles in under the model (mean-field EMA dynamics).
-
-    Iterates ``ema <- 0.3 * E[spine accepted] / L + 0.7 * ema`` from 0.5, where ``L`` follows
-    from the current tier and ``E[spine accepted] = sum_{d<=L} p_1...p_d``; returns the rule with
-    the EMA value of the tier visited most often in the second half (the EMA can oscillate
-    across a tier boundary).
-    """
+    """``rule`` with the EMA tier it settles in under the model: iterates ``ema <- 0.3 E[spine
+    accepted] / L + 0.7 ema`` from 0.5 (mean-field) and keeps the tier visited most often in the
+    second half (the EMA can oscillate across a tier boundary)."""
     model = AcceptanceModel(tuple(p), ())
     tier_ema = (0.1, 0.3, 0.5)  # one EMA value inside each tier: [0, 0.2), [0.2, 0.4), [0.4, 1]
     frac: list[float | None] = []  # per tier: expected fraction of the spine accepted
@@ -254,11 +250,7 @@ def optimal_spine_tree(
     """Best expected tokens per step, and a tree reaching it, over all trees of at most ``budget``
     nodes made of a spine (``p_d`` at depth d, at most ``max_spine`` nodes: the chain on offer)
     and branches with rank rates ``q`` anywhere off the root, the spine and other branches.
-
-    ``H[i, m]``: best accepted nodes below an accepted spine node at depth i with m nodes to
-    spend. Either the spine stops (all m as a branch forest: ``F[m]``), or it continues with k
-    branch nodes at this node: ``p_{i+1} (1 + H[i+1, m-1-k]) + (1 - p_{i+1}) F[k]``.
-    """
+    ``H[i, m]``: best accepted nodes below an accepted spine node at depth i with m nodes to spend."""
     if budget < 1:
         raise ValueError(f"budget counts the root and must be >= 1, got {budget}")
     M = budget - 1
