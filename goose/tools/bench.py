@@ -718,12 +718,11 @@ def merge_runs(paths: list[str]) -> list[Run]:
     return list(merged.values())
 
 
-def summarize_file(
-    path: str | list[str], first: dict[str, int] | None = None, methods: list[str] | None = None
-) -> tuple[str, list[dict], list[Run]]:
+def summarize_file(paths: list[str], first: dict[str, int] | None,
+                   methods: list[str] | None) -> tuple[str, list[dict], list[Run]]:
     """The table of one or more (possibly partial) results.json files, over the prompts every method finished;
     ``first`` keeps the first N prompts per dataset, ``methods`` the given methods (``ar`` always)."""
-    runs = merge_runs([path] if isinstance(path, str) else list(path))
+    runs = merge_runs(paths)
     wanted = None
     if methods:
         have = list(dict.fromkeys(r.method for r in runs))

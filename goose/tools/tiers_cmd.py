@@ -79,10 +79,10 @@ def _check_args(args) -> None:
         raise InvalidInputError(f"--z {args.z}: must be a finite number >= 0. Hint: --z 1.2816 (one-sided 90 %)")
 
 
-def record_of(src, args, datasets: str, tiers, measured, model_key: str | None = None) -> dict:
-    """The record ``goose tiers`` stores: ``model`` is :func:`goose.policies.tiers.model_key` of the model measured on
-    (``args.model`` where none is given), which the policies look tiers up by."""
-    return {"source": src.name, "version": str(type(src).version), "model": model_key or args.model, "datasets": datasets,
+def record_of(src, args, datasets: str, tiers, measured, model_key: str) -> dict:
+    """The record ``goose tiers`` stores; ``model_key`` (:func:`goose.policies.tiers.model_key` of the model measured
+    on) is what the policies look tiers up by."""
+    return {"source": src.name, "version": str(type(src).version), "model": model_key, "datasets": datasets,
             "max_new_tokens": args.max_new_tokens, "options": src.options.model_dump(mode="json"),
             "tiers": [list(t) for t in tiers], "measured": measured, "z": args.z}
 
