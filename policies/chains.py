@@ -205,6 +205,14 @@ class Trie:
         return DraftTree.build(self.tokens, self.parents, self.origins, None, route, self.sources, **meta)
 
 
+def lead_path(tree: DraftTree) -> list[int]:
+    """The spine's nodes, depth 1 first: from the root, each node's child of origin ``"lead"``."""
+    nodes = [0]
+    while (nxt := next((k for k in tree.children[nodes[-1]] if tree.origins[k] == LEAD), None)) is not None:
+        nodes.append(nxt)
+    return nodes[1:]
+
+
 def chain_tree(anchor: int, chain: Sequence[int], vouching: Sequence[tuple[str, ...]], route: str,
                **meta) -> DraftTree:
     """``chain`` alone under ``anchor``, origin ``"lead"``; ``vouching[j]``: the sources of its token j."""

@@ -1,64 +1,28 @@
 """``fit``: fit any policy's tree to the device, and fall back to plain decoding when no tree pays.
 
-Each step the inner policy (default ``spine``) shapes its tree; ``fit`` gives every node its
-probability of being accepted under the theory module's acceptance model
-(:class:`goose.theory.model.AcceptanceModel`: spine rates ``p_d`` per depth, per-origin rank
-vectors ``q^o_r``, siblings' events disjoint, spine child first), with the rates estimated online
-from this generation's verified trees (:func:`goose.theory.calibrate.count_step`, shrunk toward a
-prior by :func:`goose.theory.calibrate.smoothed`; one set of rates per route, since a bypass
-chain is drafted only when the context match is confident, the bypass route's rates shrunk toward what
-its lead source earned on the other routes: depth 1 from its own confidence tier,
-the deeper depths from every tier; the spine depths the fit cut are
-checked in hindsight against the tokens later steps commit, ``shadow`` and ``SHADOW_DEPTH``; a
-chain that continues such a spine, its earlier tokens all committed, is shaped with the rates from
-the depth it has reached, ``continuation``). It keeps the subtree that maximises
-expected tokens per second:
+Each step the inner policy (default ``spine``) shapes its tree; ``fit`` gives every node its probability of
+being accepted under :class:`goose.theory.model.AcceptanceModel`, with rates learned online per :class:`Route`
+from this generation's verified trees (:func:`goose.theory.calibrate.count_step`, shrunk toward a prior by
+:func:`goose.theory.calibrate.smoothed`), and keeps the subtree that maximises expected tokens per second:
 
     (1 + sum of the kept nodes' acceptance probabilities) / t(kept nodes + 1)
 
-where ``t(n)`` is the measured forward latency for n tokens on this model, dtype, device and
-thread count (``goose.verifiers.latency``). A child is never likelier than its parent and a source's
-lower-ranked candidate never likelier than a better-ranked sibling, so the m likeliest nodes form
-a subtree that keeps rank prefixes; pruning a node only raises its later siblings' probability in
-the cascade, so the sum over the full tree's probabilities is a lower bound of the kept tree's
-exact expectation, which is what the stats report (``fit_predicted_tokens``, next to the tokens
-the fitted steps actually committed). The budget and the spine share (the share of kept nodes
-that are spine nodes) are both chosen this way, step by step.
+where ``t(n)`` is the measured forward latency for n tokens (``goose.verifiers.latency``). A child is never
+likelier than its parent nor a lower-ranked candidate than a better-ranked sibling, so the m likeliest nodes
+form a subtree; pruning only raises later siblings' probability, so the full tree's sum is a lower bound of
+the kept tree's expectation (``fit_predicted_tokens``). Keeping no node is an ordinary decoding step (the
+fallback). A tree the acceptance model cannot read is fitted with per-class rates (``fit_model_misfits``).
 
-When keeping no node (a single step) is best, the step is an ordinary decoding step (the
-automatic fallback, counted in the stats). A tree the acceptance model cannot read (a plugin
-policy's tree with two spine children at one node) is fitted with independent per-class rates
-(origin, depth bucket, rank among same-origin siblings) instead, counted as ``fit_model_misfits``.
-
-The rates are kept per :class:`Route`: the inner policy's route for the tree (``spine``,
-``bypass``, ``chain``, ...), the source leading its spine, and that chain's confidence tier.
-
-**Never slower than plain decoding.** The decision trusts what it has observed, not its priors:
-
-- *Pessimistic start*: the prior acceptance is low (``prior=0.1``), so on a device where every
-  extra node costs nearly a token's forward (an AVX2-only CPU in bfloat16, a 1.5B model in
-  float32) the first steps are plain steps, and trees come only as observed rates justify them.
-  One exception, measured rather than assumed: a context match's chain starts from the rates
-  its confidence tier earned on the tune split (``source_priors``: pld's consensus matches and
-  its long matches, each learned apart from then on), since a fresh decoder that meets a right
-  50-token match would otherwise verify it a few tokens at a time while plain PLD takes it whole.
-- *Observed latency*: the time each step really took (from the end of :meth:`shape` to the
-  policy's :meth:`observe`, so the sources' learning is counted too) corrects the measured
-  curve, separately for plain steps and for trees (``ratio = (observed + prior) / (curve +
-  prior)``). A curve measured at another context length, or under other load, stops misleading.
-- *Calibrated acceptance*: when the model has predicted more accepted tokens than the fitted
-  steps committed, the expected gain is scaled down by that ratio (never up).
-- *Budgeted exploration*: after ``EXPLORE_EVERY`` fallbacks in a row, a small tree (the
-  likeliest nodes that cost at most ``EXPLORE_COST`` plain steps) is verified so that rates keep
-  learning, but only while the time exploration has lost against plain steps stays within
-  ``EXPLORE_SHARE`` of all the time observed.
-
-All four carry across the decoder's requests with the acceptance counts (``carry``).
+Never slower than plain decoding: a pessimistic ``prior`` (except a chain's measured confidence tier,
+``source_priors``, so that a right 50-token match is not verified a few tokens at a time), the curve corrected by
+observed step times, the gain scaled down by observed over predicted tokens, and exploration budgeted
+(``EXPLORE_*``); all carried across requests (``CARRY``). docs/speed.md ("How spine-fit uses the curve") has the
+details; ``shadow`` and ``continuation`` (the spine checked in hindsight) are described in their options.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, namedtuple
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
@@ -72,7 +36,7 @@ from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.verifiers import latency
 from goose.manager import build_inner
-from goose.policies.chains import LEAD, SIDE
+from goose.policies.chains import LEAD, SIDE, lead_path
 from goose.policies.rates import shrunk
 from goose.theory.calibrate import Counts, count_step, smoothed
 from goose.theory.model import AcceptanceModel
@@ -89,8 +53,6 @@ EXPLORE_COST = 2.0  # an exploration tree costs at most this many plain steps on
 EXPLORE_SHARE = 0.02  # exploration may lose at most this share of the observed time against plain steps
 PREFILL_STEPS = 1.0  # the prefill's extra logit rows may cost at most this many plain steps (LM head's cost per row)
 SHADOW_DEPTH = 64  # spine depths past the verified spine a step's inner spine is checked for, in hindsight
-# a bypass route's spine rates shrink toward what its lead source earned on the other routes (pooled), its depth 1
-# from its own confidence tier only, its deeper depths from every tier of that source
 
 
 class FitOptions(Options):
@@ -179,7 +141,6 @@ class FitPolicy(TreePolicy):
 
     def __init__(self, options: FitOptions | None = None):
         super().__init__(options)
-
         o = self.options
         if o.inner == "fit" or o.inner.endswith("-fit"):
             raise InvalidInputError(f"fit cannot wrap itself (inner={o.inner!r}). Hint: inner='spine'.")
@@ -192,17 +153,14 @@ class FitPolicy(TreePolicy):
         self.curve = None
         self._sources: tuple = ()
         if o.latency:
-
             items = sorted((int(k), float(v)) for k, v in o.latency.items())
             self.curve = latency.LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
         self._t: list[float] | None = None  # the curve's latency by tree size (attach, or the first fit)
         # {source: tiers} (None: each bound source's stored tiers, read at bind) and (lead source, tier) -> (p_1,
         # p_deeper): where that tier's spine rates start
         self._set_priors(o.source_priors or {})
-        self.acc: Counter = Counter()  # per-class rates (a tree the acceptance model cannot read)
-        self.trials: Counter = Counter()
         self.observed: Counter = Counter()  # latency, calibration and exploration sums (carried)
-        self.route_counts: dict[Route, Counts] = {}  # acceptance counts per route (begin starts them)
+        self.route_counts: dict[Route, Counts] = {}  # acceptance counts per route (carried)
         self.begin(None)
 
     def _set_priors(self, priors: dict) -> None:
@@ -221,11 +179,9 @@ class FitPolicy(TreePolicy):
     def attach(self, model, verifier) -> None:
         self.inner.attach(model, verifier)
         if self.options.source_priors is None:  # the tiers `goose tiers` stored for each chain source with this model
-
             found = measured_tiers.for_sources(self._sources, model)
             self._set_priors({name: sorted(t, key=lambda x: -x[0]) for name, t in found.items()})
         if self.curve is None:
-
             self.curve = latency.curve_for(model, verifier)
         self._t = self.curve.table(512)
 
@@ -242,16 +198,12 @@ class FitPolicy(TreePolicy):
         return wanted if cap is None else max(1, min(wanted, cap))
 
     def begin(self, request: Request | None) -> None:
-
-        self.acc.clear()
-        self.trials.clear()
-        old = self.route_counts
-        self.route_counts = defaultdict(Counts)
+        self.acc: Counter = Counter()  # per-class rates (a tree the acceptance model cannot read)
+        self.trials: Counter = Counter()
         carry = CARRY if request is not None else 0.0
-        if carry > 0.0:
-            for route, c in old.items():
-                self.route_counts[route] = c.scaled(carry)
-        self.observed = Counter({k: v * carry for k, v in self.observed.items()}) if carry > 0.0 else Counter()
+        carried = {r: c.scaled(carry) for r, c in self.route_counts.items()} if carry else {}
+        self.route_counts = defaultdict(Counts, carried)
+        self.observed = Counter({k: v * carry for k, v in self.observed.items()} if carry else {})
         self.models: dict[Route, AcceptanceModel] = {}  # smoothed rates per route, until its counts change
         self.counts: Counter = Counter()
         self.streak = 0
@@ -268,19 +220,13 @@ class FitPolicy(TreePolicy):
     # -- per-class rates: the estimate for a tree the acceptance model cannot read -------------------
     def _keys(self, tree: DraftTree) -> list:
         """A class per node: (origin, depth bucket, rank among same-origin siblings, capped)."""
-        dcap = MAX_DEPTH_BUCKET
         seen: Counter = Counter()
         keys = [None]
         for i in range(1, tree.num_nodes):
             o = tree.origins[i]
-            r = seen[(tree.parents[i], o)]
-            seen[(tree.parents[i], o)] += 1
-            keys.append((o, min(tree.depths[i], dcap), min(r, 3)))
+            keys.append((o, min(tree.depths[i], MAX_DEPTH_BUCKET), min(seen[tree.parents[i], o], 3)))
+            seen[tree.parents[i], o] += 1
         return keys
-
-    def _prob(self, key) -> float:
-        o = self.options
-        return shrunk(self.acc[key], self.trials[key], o.prior, PRIOR_WEIGHT)
 
     def shape(self, ctx: DraftContext) -> DraftTree | None:
         out = self._fit(ctx)
@@ -308,6 +254,10 @@ class FitPolicy(TreePolicy):
         ob = self.observed
         return min(1.0, (ob["calib_got"] + 2.0) / (ob["calib_pred"] + 2.0))
 
+    def _cost(self, size: int) -> float:
+        """The curve's latency of a pass over ``size`` tokens."""
+        return self._t[size] if size < len(self._t) else self.curve(size)
+
     def _fit(self, ctx: DraftContext) -> DraftTree | None:
         self._kind = "fitted"
         self._shadow = None
@@ -318,11 +268,10 @@ class FitPolicy(TreePolicy):
             self._t = self.curve.table(512)
         if self._t is None:
             return tree
-        parents = tree.parents
         n = tree.num_nodes
         route, view = _per_source(tree, self.priors)
         model = self._model(route)
-        spine = _spine_tokens(tree) if self.options.shadow else None
+        spine = [tree.tokens[i] for i in lead_path(tree)] if self.options.shadow else None
         continued = self._continues(spine) if spine and self.options.continuation else None
         if continued is not None:
             model = self._shifted(model, *continued)
@@ -334,11 +283,11 @@ class FitPolicy(TreePolicy):
         except ValueError:  # a plugin tree outside the model (e.g. two spine children): per-class rates
             model = None
             self.counts["model_misfits"] += 1
-        if model is None:
             keys = self._keys(tree)
             prob = [1.0] * n
             for i in range(1, n):
-                prob[i] = prob[parents[i]] * self._prob(keys[i])
+                k = keys[i]
+                prob[i] = prob[tree.parents[i]] * shrunk(self.acc[k], self.trials[k], self.options.prior, PRIOR_WEIGHT)
         order = sorted(range(1, n), key=lambda i: (-prob[i], i))
         t = self._t
         r1, rt = self._ratios()
@@ -346,8 +295,7 @@ class FitPolicy(TreePolicy):
         best_m, best_v, gain = 0, 1.0 / (t[1] * r1), 1.0
         for m, i in enumerate(order, start=1):
             gain += kappa * prob[i]
-            size = m + 1
-            v = gain / ((t[size] if size < len(t) else self.curve(size)) * rt)
+            v = gain / (self._cost(m + 1) * rt)
             if v > best_v:
                 best_m, best_v = m, v
         c = self.counts
@@ -355,10 +303,9 @@ class FitPolicy(TreePolicy):
             self.streak += 1
             limit = EXPLORE_COST * t[1]
             best_m = 1
-            while best_m < n - 1 and (t[best_m + 2] if best_m + 2 < len(t) else self.curve(best_m + 2)) <= limit:
+            while best_m < n - 1 and self._cost(best_m + 2) <= limit:
                 best_m += 1
-            # its worst loss against a plain step, on the corrected curve
-            worst = (t[best_m + 1] if best_m + 1 < len(t) else self.curve(best_m + 1)) * rt - t[1] * r1
+            worst = self._cost(best_m + 1) * rt - t[1] * r1  # its worst loss against a plain step, corrected
             if self.streak < EXPLORE_EVERY or not self._may_explore(worst):
                 c["fallback_steps"] += 1
                 # the anchor alone, carrying the chains laid out: the plain step's token books each one's depth 1
@@ -373,10 +320,7 @@ class FitPolicy(TreePolicy):
         keep = sorted([0, *order[:best_m]])
         c["lead_offered"] += sum(1 for o in tree.origins if o == LEAD)
         c["lead_kept"] += sum(1 for i in keep if tree.origins[i] == LEAD)
-        if best_m == n - 1:
-            out = tree
-        else:
-            out = tree.subtree(keep)
+        out = tree if best_m == n - 1 else tree.subtree(keep)
         if model is not None:
             self.pending = model.expected_tokens(out)
             self._pending_fitted = self._kind == "fitted"
@@ -395,7 +339,6 @@ class FitPolicy(TreePolicy):
 
     def _shifted(self, model: AcceptanceModel, route: Route, k: int) -> AcceptanceModel:
         """``model`` with its spine rates replaced by ``route``'s from depth k + 1 on (a continued chain)."""
-
         base = self._model(route)
         spine = tuple(base.p(k + d) for d in range(1, max(1, len(base.spine) - k) + 1))
         return AcceptanceModel(spine, model.branch, model.per_origin, model.spine_origin)
@@ -410,13 +353,9 @@ class FitPolicy(TreePolicy):
         bypass route toward what its lead source earned on its other routes (``_earned_elsewhere``)."""
         m = self.models.get(route)
         if m is None:
-
-            o = self.options
-            toward = self._earned_elsewhere(route)
             m = self.models[route] = smoothed(
-                self.route_counts[route], o.prior, PRIOR_WEIGHT, MAX_SPINE_DEPTH, MAX_RANK, toward=toward,
-                start=self._tier_prior(route),
-            )
+                self.route_counts[route], self.options.prior, PRIOR_WEIGHT, MAX_SPINE_DEPTH, MAX_RANK,
+                toward=self._earned_elsewhere(route), start=self._tier_prior(route))
         return m
 
     def _tier_prior(self, route: Route) -> tuple[float, float] | None:
@@ -432,36 +371,27 @@ class FitPolicy(TreePolicy):
                 del self.models[key]
 
     def _earned_elsewhere(self, route: Route) -> tuple[float, ...] | None:
-        """For a bypass route (``bypass@pld^1``), the spine rates its lead source (pld) has earned on the other
-        routes, pooled and smoothed as usual; None for other routes, or when the others have no spine trials.
+        """For a bypass route (``bypassed@pld^1``), the spine rates its lead source has earned on its other routes,
+        pooled and smoothed; None for other routes, or when the others have no spine trials.
 
-        Only the bypass route borrows. It is drafted only when the match is confident, so the rates its
-        source earned on every route are a pessimistic start for it. The other routes differ by what
-        competes with the spine for nodes (TR's branches on ``spine``, nothing on ``chain``), so one's
-        rates would mislead the other.
-
-        Depth 1 is pooled over the routes of the same confidence tier only (where a chain starts is what a
-        tier says), the deeper depths over every tier of the source (the rate of depth d given d - 1 is much
-        the same in every tier; docs/results.md, section 10): a consensus match that carries on a loop the
-        source's long matches have already held through starts with that depth earned."""
-
+        Only the bypass route borrows: it is drafted only when the match is confident, so what its source earned
+        elsewhere is a pessimistic start, while the other routes differ by what competes with the spine for
+        nodes. Depth 1 pools the same confidence tier only (where a chain starts is what a tier says), deeper
+        depths every tier (depth d given d - 1 is much the same in every tier; docs/results.md, section 10)."""
         if route.kind != "bypassed" or route.lead is None:
             return None
         pooled = Counts()
         for r, c in self.route_counts.items():
             if r == route or r.lead != route.lead:
                 continue
-            same = r.tier == route.tier
-            for d, v in c.spine_trials.items():
-                if same or d >= 2:
-                    pooled.spine_trials[d] += v
-            for d, v in c.spine_hits.items():
-                if same or d >= 2:
-                    pooled.spine_hits[d] += v
+            for counts, into in ((c.spine_trials, pooled.spine_trials), (c.spine_hits, pooled.spine_hits)):
+                for d, v in counts.items():
+                    if r.tier == route.tier or d >= 2:
+                        into[d] += v
         if not pooled.spine_trials:
             return None
-        o = self.options
-        return smoothed(pooled, o.prior, PRIOR_WEIGHT, MAX_SPINE_DEPTH, 1, start=self._tier_prior(route)).spine
+        start = self._tier_prior(route)
+        return smoothed(pooled, self.options.prior, PRIOR_WEIGHT, MAX_SPINE_DEPTH, 1, start=start).spine
 
     def observe(self, verified: Verified) -> None:
         if verified.kind == "tree" and self._step is not None and self._t is not None:
@@ -479,7 +409,6 @@ class FitPolicy(TreePolicy):
                     self.observed["calib_pred"] += self.pending - 1.0
                     self.observed["calib_got"] += len(verified.path) - 1.0
                 self.pending = None
-
             try:
                 route, view = _per_source(tree, self.priors)
                 count_step(self.route_counts[route], view.parents, view.origins, verified.path)
@@ -496,24 +425,17 @@ class FitPolicy(TreePolicy):
         self.inner.observe(verified)
 
     def _learn_past(self, shadow: tuple[Route, list[int]] | None, verified: Verified) -> None:
-        """Spine trials past the verified spine, in hindsight. When the walk accepted every spine node
-        kept (none on a plain step) and the inner tree's spine went on, its next tokens are checked,
-        depth by depth, against the tokens the target committed there: the rest of this step's walk
-        and its bonus, then what the following steps commit (up to ``SHADOW_DEPTH`` depths, stopping
-        at the first miss). Each trial is conditioned as the rate is (every shallower spine token
-        right), so the estimate stays unbiased, while deep depths get evidence they would otherwise
-        only get from trees the rates do not yet justify: a source that has earned long chains
-        earns its depth at the pace tokens are committed, not one depth per step."""
+        """Spine trials past the verified spine, in hindsight: when the walk accepted every spine node kept and
+        the inner tree's spine went on, its next tokens are checked against what the target commits there, this
+        step and the following ones (up to ``SHADOW_DEPTH`` depths, until the first miss). Each trial is
+        conditioned as the rate is (every shallower spine token right), so the estimate stays unbiased while
+        deep depths earn evidence at the pace tokens are committed, not one depth per step."""
         tree, path = verified.tree, verified.path
         origins = tree.origins
         committed = [tree.tokens[i] for i in path[1:]]
         if verified.bonus is not None:
             committed.append(verified.bonus)
-        # the earlier steps' spines, still open, read this step's tokens first
-        still = []
-        for trial in self._open:
-            if self._check(trial, committed):
-                still.append(trial)
+        still = [trial for trial in self._open if self._check(trial, committed)]  # earlier spines read first
         if shadow is None:
             self._open = still
             return
@@ -553,9 +475,7 @@ class FitPolicy(TreePolicy):
         kind, size, t_end = self._step
         if (verified.tree.num_nodes if verified.tree is not None else 1) != size:
             return  # the loop pruned the tree (depth limit): not the step that was planned
-        t = self._t
-        pred = t[size] if size < len(t) else self.curve(size)
-        ob = self.observed
+        t, pred, ob = self._t, self._cost(size), self.observed
         if self._correcting():
             dt = perf_counter() - t_end
             dt = min(max(dt, 0.25 * pred), 4.0 * pred)  # one stall (or a clock hiccup) moves it little
@@ -594,31 +514,7 @@ class FitPolicy(TreePolicy):
         return out
 
 
-class _View:
-    __slots__ = ("parents", "origins")
-
-    def __init__(self, parents, origins):
-        self.parents, self.origins = parents, origins
-
-
-def _spine_tokens(tree: DraftTree) -> list[int]:
-    """The spine's tokens, depth 1 first (the root's spine child, its spine child, ...)."""
-    out, node, kids, origins = [], 0, tree.children, tree.origins
-    while True:
-        nxt = next((k for k in kids[node] if origins[k] == LEAD), None)
-        if nxt is None:
-            return out
-        out.append(tree.tokens[nxt])
-        node = nxt
-
-
-def tier(priors: dict, source: str, confidence: float | None) -> float | None:
-    """The confidence tier of ``source``'s chain (``FitOptions.source_priors``): the minimum confidence of
-    the first (highest) tier the chain's confidence reaches, or None."""
-    for floor, _, _ in priors.get(source, ()):
-        if confidence is not None and confidence >= floor:
-            return floor
-    return None
+_View = namedtuple("_View", "parents origins")  # a tree as the acceptance model reads it, side chains relabelled
 
 
 def _per_source(tree: DraftTree, priors: dict | None = None) -> tuple[Route, DraftTree | _View]:
@@ -630,7 +526,8 @@ def _per_source(tree: DraftTree, priors: dict | None = None) -> tuple[Route, Dra
     if tree.sources is None or tree.num_nodes < 2:
         return Route(tree.route), tree
     lead = next((s[0] for o, s in zip(tree.origins, tree.sources) if o == LEAD and s), None)
-    floor = tier(priors, lead, tree.meta.get("confidence")) if lead is not None and priors else None
+    conf = tree.meta.get("confidence")  # the tier: the first (highest) of the lead's priors that it reaches
+    floor = next((f for f, _, _ in (priors or {}).get(lead, ()) if conf is not None and conf >= f), None)
     route = Route(tree.route, lead, floor)
     if SIDE not in tree.origins:
         return route, tree
