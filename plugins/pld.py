@@ -1,11 +1,7 @@
-"""Context matching (prompt lookup decoding): copy what followed an earlier occurrence of the
-current suffix.
-
-The n-gram index is incremental: each step indexes only the positions committed since the last
-step, so the cost of a proposal does not grow with the length of the text. For each n-gram it
-keeps the first and the last occurrence, the number of occurrences and whether all of them were
-followed by the same token (consensus), all in O(1) per new position.
-"""
+"""Context matching (prompt lookup decoding, docs/algorithm.md section 4): copy what followed an earlier occurrence
+of the current suffix. The n-gram index is incremental (each step indexes only the positions committed since the
+last), so a proposal's cost does not grow with the text; per n-gram it keeps the first and last occurrence, the
+count and whether every occurrence was followed by the same token (consensus)."""
 
 from __future__ import annotations
 

@@ -238,7 +238,6 @@ class _Segment:
                 self.tokens = array("q", self.tokens)
             self.frozen = True
             self.ph = None  # only appends read it
-            self._nbytes = None  # counted when first asked (a stats call), then kept: the segment no longer changes
         return self
 
     def entries(self) -> int:
@@ -250,10 +249,8 @@ class _Segment:
             return self._nbytes
         b = sys.getsizeof(self.tokens) + sum(sys.getsizeof(p) for p in self.prev)
         for d in self.last:
-            b += sys.getsizeof(d)
-            for key, val in d.items():
-                b += sys.getsizeof(key) + sys.getsizeof(val)
-        if self.frozen:
+            b += sys.getsizeof(d) + sum(sys.getsizeof(key) + sys.getsizeof(val) for key, val in d.items())
+        if self.frozen:  # kept: the segment no longer changes
             self._nbytes = b
         return b
 
@@ -274,9 +271,6 @@ class SuffixHistory:
 
     def __deepcopy__(self, memo) -> SuffixHistory:
         return self  # one history per decoder: every pooled component set learns into it
-
-    def __copy__(self) -> SuffixHistory:
-        return self
 
     def __getstate__(self):
         state = dict(self.__dict__)

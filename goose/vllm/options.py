@@ -40,7 +40,8 @@ class ProposerOptions(Options):
     )
     min_reach: float | None = Field(
         None, ge=0.0, le=1.0, description="a fixed reach floor instead of the measured step cost (None: measured)",
-        json_schema_extra={"why": "a fixed reach floor instead of the measured step cost (reproducible plans, a noisy clock)"},
+        json_schema_extra={"why": "a fixed reach floor instead of the measured step cost (reproducible plans, a "
+                           "noisy clock)"},
     )
 
     @field_validator("tier_floors", mode="before")

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -20,22 +21,14 @@ from goose.errors import InvalidInputError
 from goose.interfaces import DraftSource, DraftState, Request, TokenView, call_source
 from goose.policies.rates import SourceRates, shrunk
 from goose.vllm.cost import StepCost
-from goose.vllm.options import (ASK_DECAY, ASK_EVERY, MAY_PAY_EVERY, PRIOR, PRIOR_WEIGHT, PROBE_BELOW, REQUEST_WEIGHT, REST_EARLY,
-                                REST_MAX, REST_STEPS, REST_WINDOW, START_REACH, ProposerOptions)
+from goose.vllm.options import (ASK_DECAY, ASK_EVERY, MAY_PAY_EVERY, PRIOR, PRIOR_WEIGHT, PROBE_BELOW, REQUEST_WEIGHT,
+                                REST_EARLY, REST_MAX, REST_STEPS, REST_WINDOW, START_REACH, ProposerOptions)
 from goose.vllm.recycle import Recycler
 
 ENV_SOURCES = "GOOSE_VLLM_SOURCES"
 ENV_OPTIONS = "GOOSE_VLLM_OPTIONS"  # a JSON object of ProposerOptions, for the proposer vLLM builds
 RECYCLING = "tr"  # the source name served by the Recycler
 ENV_TRACE = "GOOSE_VLLM_TRACE"  # a file path: each call's step is written there (Proposer._trace)
-
-
-@dataclass
-class _Output:
-    """What a source's ``end`` reads of a finished generation."""
-
-    prompt_ids: tuple[int, ...]
-    token_ids: list[int]
 
 
 @dataclass
@@ -56,11 +49,6 @@ class _Live:
     expected: float = 0.0  # expect summed over this request's drafts so far
     accepted: float = 0.0  # what was accepted of them
 
-    def factor(self, weight: float, prior: float = 1.0) -> float:
-        """This request's accepted tokens over what the sources' rates expected of its drafts, shrunk toward
-        ``prior`` by ``weight`` expected tokens; at most 2."""
-        return min(2.0, shrunk(self.accepted, self.expected, prior, weight))
-
 
 class Proposer:
     """vLLM ``custom_class`` proposer drafting with Goose's sources. vLLM gives no request ids: each batch row
@@ -70,9 +58,9 @@ class Proposer:
     #: the clock steps are timed with (a simulated engine sets its own)
     clock = staticmethod(perf_counter)
 
-    def __init__(self, vllm_config=None, *, options: ProposerOptions | Mapping | None = None, sources: Sequence | None = None,
-                 num_speculative_tokens: int | None = None, max_model_len: int | None = None,
-                 vocab_size: int | None = None, min_reach: float | None = None):
+    def __init__(self, vllm_config=None, *, options: ProposerOptions | Mapping | None = None,
+                 sources: Sequence | None = None, num_speculative_tokens: int | None = None,
+                 max_model_len: int | None = None, vocab_size: int | None = None, min_reach: float | None = None):
         spec = getattr(vllm_config, "speculative_config", None)
         mc = getattr(vllm_config, "model_config", None)
         self.k = int(num_speculative_tokens if num_speculative_tokens is not None else spec.num_speculative_tokens)
@@ -83,7 +71,6 @@ class Proposer:
             vocab_size = mc.get_vocab_size()
         self.vocab_size = vocab_size
         self.options = o = resolve_options(options, sources=sources, min_reach=min_reach)
-        self._spec = o.sources
         self.pristine, self.recycler = self._build()
         self.rates = SourceRates(PRIOR, PRIOR_WEIGHT, max_depth=max(16, self.k), carry=1.0)
         if o.tier_floors:
@@ -128,7 +115,7 @@ class Proposer:
 
     def _build(self):
         """The sources each request copies, and the Recycler when ``tr`` is among them (else None)."""
-        built = build_sources(self._spec)
+        built = build_sources(self.options.sources)
         tr = next((s for s in built if s.name == RECYCLING), None)
         rec = None if tr is None else Recycler(tr.options.bigram, self.vocab_size)
         return [s for s in built if s.name != RECYCLING], rec
@@ -160,13 +147,14 @@ class Proposer:
             self.resting -= 1
             self.counts["rested"] += 1
         t0 = perf_counter()
-        scaled = [self._scaled(st, r) for _, st, _, r in laid]
+        scaled = [_lifted(r, self._factor(st)) for _, st, _, r in laid]
         counts = self.plan(scaled)
         drafting += perf_counter() - t0
         if ask and priced:
             self._book_ask(len(laid), scaled, counts, drafting)
         out, rows_verified = self._hand_out(len(sampled_token_ids), laid, counts)
-        self.cost.step(now, rows_verified, tokens_now, left, prompt=prompt, requests=len(laid), left_requests=left_requests)
+        self.cost.step(now, rows_verified, tokens_now, left, prompt=prompt, requests=len(laid),
+                       left_requests=left_requests)
         self._close_step(now, wall, len(laid), rows_verified, ask, idle, drafting, tokens_now, unusual, resting)
         return out
 
@@ -195,7 +183,7 @@ class Proposer:
         spent = perf_counter() - wall
         self.propose_s += spent
         self.propose_max_s = max(self.propose_max_s, spent)
-        if requests and ask and self.options.min_reach is None and self.cost.ready():  # a plan priced by the measured cost
+        if requests and ask and self.options.min_reach is None and self.cost.ready():  # priced by the measured cost
             self._planned = (now, requests, rows_verified - requests, drafting)
         if self.recycler is not None:  # the next step's rows are read only if the next call drafts (as this one)
             self.recycler.active = self.resting == 0 and not idle
@@ -309,14 +297,9 @@ class Proposer:
 
     def _weigh(self, now: float, tokens: int, skip: bool) -> None:
         """Book the step the last plan went into, now that it has run (``tokens`` committed in it), in the ledger
-        of its batch size. A step that verified drafts books what it saved (its tokens' time at the measured
-        cost of a step without drafts, less the time it took); a step whose plan drafted nothing books the
-        asking and planning time as a loss. Not booked (``skip``): a step that ran a prompt or lost a request.
-
-        Every ``REST_WINDOW`` booked steps, or once the window has lost ``REST_EARLY`` steps' time, the window's
-        plain sum is judged (a decayed one goes negative between the lumpy steps that pay): below 0 the sources
-        rest, each rest twice as long as that ledger's last while its windows keep losing; else the next rest is
-        short again. Booked from what happened, not from what the plan expected."""
+        of its batch size, and judge its window (docs/vllm.md, "When the sources are not asked", *Rest*); not
+        booked (``skip``): a step that ran a prompt or lost a request. Booked from what happened, not from what
+        the plan expected: a plain window sum, since a decayed one goes negative between the lumpy steps that pay."""
         t0, n, drafted, drafting = self._planned
         self._planned = None
         if skip or not self.cost.ready() or self.cost.outlier(now - t0, n + drafted, n):
@@ -371,7 +354,7 @@ class Proposer:
             return kept[1]
         keys = list(self.rates.trials) or [(RECYCLING, 0.0)]
         best = [max(col) for col in zip(*(self.reach(key, self.k) for key in keys))]
-        best = _lifted(best, max(1.0, *(st.factor(REQUEST_WEIGHT, self._prior) for st in decoding)))
+        best = _lifted(best, max(1.0, *(self._factor(st) for st in decoding)))
         out = any(self.plan([best] * len(decoding)))
         self._may[b] = (self.counts["steps"], out)
         return out
@@ -402,12 +385,13 @@ class Proposer:
             counts[i] = max(counts[i], d + 1)
         return counts
 
-    def _scaled(self, st: _Live, reach: Sequence[float]) -> Sequence[float]:
-        """The sources' reach for this request, times its own measured factor (:func:`_lifted`)."""
-        return _lifted(reach, st.factor(REQUEST_WEIGHT, self._prior))
+    def _factor(self, st: _Live) -> float:
+        """A request's accepted tokens over what the sources' rates expected of its drafts, shrunk toward the
+        recent requests' factor by ``REQUEST_WEIGHT`` expected tokens; at most 2 (its reach is scaled by it)."""
+        return min(2.0, shrunk(st.accepted, st.expected, self._prior, REQUEST_WEIGHT))
 
     def recent_factor(self) -> float:
-        """Where a request's own factor starts (:meth:`_Live.factor`): the recent requests' accepted tokens over
+        """Where a request's own factor starts (:meth:`_factor`): the recent requests' accepted tokens over
         what was expected of their drafts, shrunk toward 1 by ``REQUEST_WEIGHT`` expected tokens, at most 1."""
         acc, exp = self.recent
         return min(1.0, shrunk(acc, exp, 1.0, REQUEST_WEIGHT))
@@ -424,8 +408,8 @@ class Proposer:
         return _Live(srcs, tokens, prompt_len, row.copy(), prefilling=not n_sampled)
 
     def _free(self, st: _Live) -> None:
-        out = _Output(tuple(st.tokens[: st.prompt_len]), st.tokens[st.prompt_len :])
-        for s in st.sources:
+        out = SimpleNamespace(prompt_ids=tuple(st.tokens[: st.prompt_len]), token_ids=st.tokens[st.prompt_len :])
+        for s in st.sources:  # end() reads these two of a finished generation
             s.end(out)
         self.counts["freed"] += 1
 
@@ -516,15 +500,15 @@ def build_sources(spec) -> list[DraftSource]:
 
     if isinstance(spec, str):
         if not spec.strip():
-            raise InvalidInputError(f"{ENV_SOURCES} is empty. Allowed: registered source names joined by '+'. Hint: pld+suffix+tr")
+            raise InvalidInputError(f"{ENV_SOURCES} is empty. Allowed: registered source names joined by '+'. "
+                                    "Hint: pld+suffix+tr")
         spec = preset(spec.strip() + "/chain")["sources"]
     built = [build_component("source", s, DraftSource, None) for s in spec]
     if not built:
         raise InvalidInputError("goose.vllm.Proposer needs at least one draft source. Hint: pld+suffix+tr")
     for s in built:
-        if s.name == RECYCLING:
-            continue
-        if type(s).propose is DraftSource.propose or type(s).successors is not DraftSource.successors:
+        successors_only = type(s).propose is DraftSource.propose or type(s).successors is not DraftSource.successors
+        if s.name != RECYCLING and successors_only:
             raise InvalidInputError(
                 f"source {s.name!r} only gives successors (it drafts from the target's logits, which vLLM's "
                 f"proposer interface does not pass; only {RECYCLING!r} is served from them here). Allowed: sources "

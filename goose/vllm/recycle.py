@@ -1,11 +1,6 @@
-"""Token recycling inside vLLM: the target's own next-token predictions, read where vLLM computes them.
-
-vLLM passes a proposer no logits but hands it the target model, whose ``compute_logits`` gives one row per
-position the step samples from (per decoding request its anchor and each drafted token, per prefilling request
-its last position, in batch row order). :class:`Recycler` wraps it and keeps, per token and per (previous token,
-token) pair, the token the target last predicted after it (first choice only: vLLM verifies one chain). One
-table serves every request; a wrong entry only costs acceptance (docs/vllm.md).
-"""
+"""Token recycling inside vLLM (docs/vllm.md, "Token recycling from vLLM's logits"): the target's own next-token
+predictions, read from the rows vLLM's ``compute_logits`` returns. One table serves every request; a wrong entry
+only costs acceptance."""
 
 from __future__ import annotations
 
@@ -15,7 +10,8 @@ import numpy as np
 
 
 class Recycler:
-    """The successor table filled from the target's logits in vLLM (see the module docstring)."""
+    """Per token and per (previous token, token) pair, the token the target last predicted after it (its first
+    choice only: vLLM verifies one chain), filled from the target's logits in vLLM."""
 
     #: at most this many (previous, token) pairs are kept; the pair tier is emptied when it grows past it
     max_pairs: int = 1_000_000
