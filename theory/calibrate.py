@@ -156,9 +156,7 @@ def dump_records(records: Iterable[Record], path: str | Path) -> None:
             fh.write(json.dumps(r.to_json()) + "\n")
 
 
-# ---------------------------------------------------------------------------------------------
-# Estimation
-# ---------------------------------------------------------------------------------------------
+# ---- Estimation ----
 @dataclass
 class Counts:
     """Trials and hits behind each estimated rate."""
@@ -286,9 +284,7 @@ def estimate(records: Iterable[Record], pool_from: int = 8, spine_origin: str = 
     return model, c
 
 
-# ---------------------------------------------------------------------------------------------
-# Prediction and the per-dataset error
-# ---------------------------------------------------------------------------------------------
+# ---- Prediction and the per-dataset error ----
 @dataclass(frozen=True)
 class TauComparison:
     dataset: str
@@ -332,9 +328,7 @@ def calibration_report(records: Sequence[Record], pool_from: int = 8) -> dict[st
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Synthetic records (tests, and the CLI's self-check of the estimators)
-# ---------------------------------------------------------------------------------------------
+# ---- Synthetic records (tests, and the CLI's self-check of the estimators) ----
 def synthetic_records(
     trees: Sequence, model: AcceptanceModel, steps_per_tree: int, rng: np.random.Generator,
     dataset: str = "synthetic", steps_per_request: int = 50,

@@ -77,9 +77,7 @@ class Report:
         return any(c.status == "fails" for c in self.checks)
 
 
-# ---------------------------------------------------------------------------------------------
-# Random trees and rates
-# ---------------------------------------------------------------------------------------------
+# ---- Random trees and rates ----
 def random_rates(rng: np.random.Generator, K: int, sorted_desc: bool = False) -> tuple[float, ...]:
     v = rng.dirichlet(np.ones(K + 1))[:K] * rng.uniform(0.2, 1.0)
     return tuple(sorted(v, reverse=True)) if sorted_desc else tuple(v)
@@ -101,9 +99,7 @@ def random_model(rng: np.random.Generator) -> AcceptanceModel:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# The model and the optimal-tree programs
-# ---------------------------------------------------------------------------------------------
+# ---- The model and the optimal-tree programs ----
 def _mc_z(sim: np.ndarray, exact: float) -> float:
     """``|mean - exact|`` in standard errors of the Monte-Carlo mean (0 or inf when it has no spread)."""
     err, se = abs(sim.mean() - exact), sim.std(ddof=1) / math.sqrt(len(sim))
@@ -153,9 +149,7 @@ def check_optimal(rng: np.random.Generator, cases: int = 12, max_budget: int = 7
     ]
 
 
-# ---------------------------------------------------------------------------------------------
-# Proposition 2
-# ---------------------------------------------------------------------------------------------
+# ---- Proposition 2 ----
 P2_P = tuple(round(x, 2) for x in np.arange(0.05, 0.96, 0.05))
 P2_Q = (0.01, 0.03, 0.1, 0.3)
 P2_L = (1, 2, 3, 4, 6, 9, 12, 16, 20)
@@ -296,9 +290,7 @@ def _prop2_plot_cases() -> list[dict]:
     return cases
 
 
-# ---------------------------------------------------------------------------------------------
-# Proposition 3
-# ---------------------------------------------------------------------------------------------
+# ---- Proposition 3 ----
 P3_RATIOS = (1, 1.1, 1.2, 1.3, 1.4, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20)
 P3_P = (0.3, 0.5, 0.8, 0.9)
 BUDGET = 60
@@ -408,9 +400,7 @@ def _crossover(rows: Sequence[dict], key: str) -> str:
     return "never" if winning is None else f"{winning:g}"
 
 
-# ---------------------------------------------------------------------------------------------
-# Proposition 4
-# ---------------------------------------------------------------------------------------------
+# ---- Proposition 4 ----
 def random_logged_tree(rng: np.random.Generator) -> tuple[Record, tuple[int, ...]]:
     """A random tree with distinct sibling tokens and a random target argmax per node."""
     n = int(rng.integers(1, 30))
@@ -544,9 +534,7 @@ def check_prop4_expected(rng: np.random.Generator) -> list[Check]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Calibration
-# ---------------------------------------------------------------------------------------------
+# ---- Calibration ----
 def check_calibration(rng: np.random.Generator, records: Sequence[Record] | None, report: Report,
                       tau_tol: float = 0.10) -> list[Check]:
     out = []
@@ -601,9 +589,7 @@ def _z(est: float, true: float, trials: int) -> float:
     return abs(est - true) / se
 
 
-# ---------------------------------------------------------------------------------------------
-# N chain sources (theory/sources.py)
-# ---------------------------------------------------------------------------------------------
+# ---- N chain sources (theory/sources.py) ----
 NS_CASES = 200
 NS_GAP = 2.0  # rate tree >= every one-source tree when the leader's chain is worth >= 2x the runner-up's
 NS_OBS = (0, 4, 16, 64, 256, 1024)  # steps of measured rates in the regret check
@@ -797,7 +783,6 @@ def check_nsource_estimates(rng: np.random.Generator, planner: so.Planner = so.r
     )]
 
 
-# ---------------------------------------------------------------------------------------------
 def run_all(records: Sequence[Record] | None = None, seed: int = 0, tau_tol: float = 0.10) -> Report:
     """Every check, in the order ``check`` prints them, and the plots' data."""
     rng = np.random.default_rng(seed)

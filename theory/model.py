@@ -152,9 +152,7 @@ def _spine_child(spine: list[list[int]], u: int) -> int:
     return spine[u][0] if spine[u] else -1
 
 
-# ---------------------------------------------------------------------------------------------
-# Monte Carlo: the greedy walk of the same tree against a simulated target
-# ---------------------------------------------------------------------------------------------
+# ---- Monte Carlo: the greedy walk of the same tree against a simulated target ----
 def simulate_walks(tree: TreeLike, model: AcceptanceModel, n: int, rng: np.random.Generator) -> np.ndarray:
     """``[n]`` index of the last accepted node of ``n`` independent greedy walks against a target
     simulated generatively, independently of :meth:`AcceptanceModel.conditional` (docs/theory.md,
@@ -212,9 +210,7 @@ def path_to(parents: Sequence[int], node: int) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-# ---------------------------------------------------------------------------------------------
-# The greedy walk against known target tokens (logged records) and the spine-only re-walk
-# ---------------------------------------------------------------------------------------------
+# ---- The greedy walk against known target tokens (logged records) and the spine-only re-walk ----
 def greedy_walk(
     tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = LEAD
 ) -> tuple[int, ...]:

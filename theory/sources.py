@@ -86,9 +86,7 @@ class Plan:
         return 1 + self.spine + sum(self.sides) + sum(self.widths)
 
 
-# ---------------------------------------------------------------------------------------------
-# Exact value
-# ---------------------------------------------------------------------------------------------
+# ---- Exact value ----
 def forest(q: tuple[float, ...], m: int) -> np.ndarray:
     """``[m + 1]`` (read-only): ``F(0..m)``, the best TR forest's expected accepted nodes."""
     return _forest(q, max(64, 1 << m.bit_length()))[: m + 1]
@@ -175,9 +173,7 @@ def fit(src: Sources, leader: int, spine: int, sides: Sequence[int], budget: int
     return Plan(leader, spine, tuple(sides), widths, evaluate(src, plan))
 
 
-# ---------------------------------------------------------------------------------------------
-# Plans
-# ---------------------------------------------------------------------------------------------
+# ---- Plans ----
 Planner = Callable[[Sources, int], Plan]
 
 
@@ -247,9 +243,7 @@ def isotropic_value(q: Sequence[float], budget: int) -> tuple[float, int]:
     return vals[k], k
 
 
-# ---------------------------------------------------------------------------------------------
-# Real token tries (the Monte Carlo side)
-# ---------------------------------------------------------------------------------------------
+# ---- Real token tries (the Monte Carlo side) ----
 @lru_cache(maxsize=1024)
 def forest_shape(q: tuple[float, ...], nodes: int) -> DraftTree:
     """The best TR forest of at most ``nodes`` nodes under a root (``trees.optimal_single_source``)."""
@@ -350,9 +344,7 @@ def simulate_tokens(src: Sources, plan: Plan, n: int, rng: np.random.Generator) 
     return out, broken
 
 
-# ---------------------------------------------------------------------------------------------
-# Rates measured from a finite number of steps
-# ---------------------------------------------------------------------------------------------
+# ---- Rates measured from a finite number of steps ----
 Estimator = Callable[[Sources, int, np.random.Generator], Sources]
 
 

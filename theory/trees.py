@@ -24,9 +24,7 @@ def make_tree(parents: Sequence[int], origins: Sequence[str], route: str = "tree
     return DraftTree(tuple(range(len(parents))), tuple(parents), tuple(origins), None, route, {})
 
 
-# ---------------------------------------------------------------------------------------------
-# Simple shapes
-# ---------------------------------------------------------------------------------------------
+# ---- Simple shapes ----
 def chain_tree(length: int, origin: str = LEAD) -> DraftTree:
     """Root plus a chain of ``length`` nodes (the PLD chain when ``origin`` is the spine)."""
     return make_tree(tuple(range(-1, length)), (ROOT,) + (origin,) * length, "path")
@@ -65,9 +63,7 @@ def isotropic_tree(k: int, budget: int, max_depth: int = 6, origin: str = BRANCH
     return make_tree(parents, (ROOT,) + (origin,) * (len(parents) - 1), "isotropic")
 
 
-# ---------------------------------------------------------------------------------------------
-# The deployed spine rule (docs/algorithm.md section 6) in the model
-# ---------------------------------------------------------------------------------------------
+# ---- The deployed spine rule (docs/algorithm.md section 6) in the model ----
 @dataclass(frozen=True)
 class SpineRule:
     """The knobs of the deployed construction (defaults: the reference configuration)."""
@@ -169,9 +165,7 @@ def stationary_rule(p: Sequence[float], rule: SpineRule = SpineRule(), steps: in
     return replace(rule, ema=tier_ema[best])
 
 
-# ---------------------------------------------------------------------------------------------
-# Optimal trees
-# ---------------------------------------------------------------------------------------------
+# ---- Optimal trees ----
 @dataclass(frozen=True)
 class ForestTable:
     """Single-source values: ``F[d, m, r]`` = best expected accepted nodes of a forest of at most m nodes,
@@ -289,9 +283,7 @@ def optimal_spine_tree(
     return 1.0 + float(H[0, M]), make_tree(parents, origins, "optimal")
 
 
-# ---------------------------------------------------------------------------------------------
-# Brute force (the oracle for small budgets)
-# ---------------------------------------------------------------------------------------------
+# ---- Brute force (the oracle for small budgets) ----
 def ordered_trees(n: int) -> Iterator[tuple[int, ...]]:
     """Every ordered rooted tree of ``n`` nodes as a preorder parent array (Catalan(n-1) of them)."""
     if n < 1:
