@@ -24,11 +24,6 @@ distinct tokens in ``[0, vocab_size)``, by frequency. The **likeliest chain** (t
 node) comes first, as nodes ``0..k-1`` with parents ``-1, 0, ..., k-2``, so a policy that reads a tree
 proposal's first root-to-leaf path reads it; the other branches follow, parents before children.
 
-Confidence, in [0, 1): ``p1 * (1 - 2 ** (-m / 4)) * (1.0 if n1 >= 2 else 0.8)``, with ``p1`` the estimated
-probability of the chain's first token and ``n1`` its count: a longer match and a continuation seen more than once
-mean a likelier chain (m = 4: 0.5, 8: 0.75, 16: 0.94, 32: 0.996 of ``p1``). Always below 1, so a spine policy
-never bypasses its tree for this source alone.
-
 History (:class:`SuffixHistory`): **all component sets of one decoder share one history**, so concurrent requests
 learn from each other's finished generations, while the current request's index is per set; another
 ``goose.compose`` builds a new source with a history of its own. ``end(output)`` adds the request (its prompt
@@ -316,7 +311,9 @@ class SuffixHistory:
 
 
 def confidence(p1: float, n1: int, pattern: int) -> float:
-    """``p1 * (1 - 2 ** (-pattern / 4)) * (1 if n1 >= 2 else 0.8)``, in [0, 1) (module docstring)."""
+    """``p1 * (1 - 2 ** (-pattern / 4)) * (1 if n1 >= 2 else 0.8)``, ``p1`` the estimated probability of the chain's
+    first token and ``n1`` its count: a longer match and a continuation seen more than once mean a likelier chain
+    (pattern 4: 0.5, 8: 0.75, 16: 0.94, 32: 0.996 of ``p1``). Below 1: a spine never bypasses its tree for it alone."""
     if pattern <= 0 or n1 <= 0 or p1 <= 0.0:
         return 0.0
     c = p1 * (1.0 - 2.0 ** (-pattern / 4.0)) * (1.0 if n1 >= 2 else 0.8)

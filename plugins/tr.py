@@ -9,12 +9,8 @@ one. The per-token tier is also ``[vocab, K]`` tensors (:attr:`TokenTable.ids`, 
 
 The harvest after each pass is vectorised: one top-k (:func:`topk_rows`), one softmax, one indexed write per
 tensor. The rows are also kept as Python lists keyed by token, so that :meth:`TRSource.successors` (called tens
-of times per step by a tree policy) is a dict lookup rather than a tensor read and a ``tolist``.
-
-Ablations: "no bigram" = ``bigram=False``, "no prefill harvest" = ``prefill_harvest=False``. Only the last
-``prefill_window`` prompt positions (within ``prefill_max_mib`` of logits) are harvested, so the prefill computes a
-bounded logits matrix (``None``: every position, as the reference). ``tr-original`` is the original Token
-Recycling: K = 8, no bigram tier, the table kept across requests.
+of times per step by a tree policy) is a dict lookup rather than a tensor read and a ``tolist``. The paper's
+ablations and the original Token Recycling are options and the preset ``tr-original`` (docs/options.md).
 """
 
 from __future__ import annotations
