@@ -1,8 +1,5 @@
-"""The decoding loop: prefill, then draft -> shape -> verify -> commit until done.
-
-This is the only place that sequences the components. It calls them directly; the only hook
-calls inside the loop are the per-step observers.
-"""
+"""The decoding loop: prefill, then draft -> shape -> verify -> commit until done. The only place that
+sequences the components; inside the loop, the only hook calls are the per-step observers."""
 
 from __future__ import annotations
 
@@ -47,11 +44,8 @@ class Stats:
     verify_time_by_route: dict = field(default_factory=dict)  # {route: seconds in verify()}
 
     def speedup_estimate(self) -> float | None:
-        """tau x (mean one-token step time / mean step time), from this run's own single steps.
-
-        None when the run had no single steps to time. Wall-clock speedup is what ``goose bench``
-        measures against real greedy decoding.
-        """
+        """tau x (mean one-token step time / mean step time), from this run's own single steps (None: no
+        single steps to time). ``goose bench`` measures the wall-clock speedup against real greedy decoding."""
         n1 = self.routes.get("single", 0)
         steps = sum(self.routes.values())
         if not n1 or not steps:
@@ -183,15 +177,10 @@ class _Tally:
 class Decoder:
     """A composed speculative decoder. Build it with :func:`goose.compose`.
 
-    Safe to share between threads: each ``generate`` call runs on its own set of components (the
-    sources' per-request state, the policy's estimates, the verifier's KV cache). The first set
-    is the one ``compose`` built (``decoder.sources``, ``.policy``, ``.verifier``); a call that
-    finds every set busy gets a copy of a pristine snapshot taken when the decoder was built
-    (the model, the tokenizer and the latency curve are shared, never copied). Sets return to a
-    pool, so state meant to last across requests (a warm token-recycling table, ``fit``'s
-    carried counts) lasts per set. Components that cannot be copied make a concurrent call fail
-    with :class:`~goose.errors.DecoderBusyError` instead of sharing state.
-    """
+    Safe to share between threads: each ``generate`` call runs on its own component set from a pool, the
+    first one ``compose`` built, the others copies of a snapshot taken at construction (the model and tokenizer
+    shared). Components that cannot be copied make a concurrent call fail with ``DecoderBusyError``
+    (docs/concepts.md, "One decoder, several threads")."""
 
     def __init__(
         self,
@@ -229,12 +218,7 @@ class Decoder:
         model = self.model
         memo[id(model)] = model
         if isinstance(model, torch.nn.Module):
-            for m in model.modules():
-                memo[id(m)] = m
-            for t in model.parameters():
-                memo[id(t)] = t
-            for t in model.buffers():
-                memo[id(t)] = t
+            memo.update((id(t), t) for t in (*model.modules(), *model.parameters(), *model.buffers()))
         return memo
 
     def _snapshot(self):
@@ -348,29 +332,12 @@ class Decoder:
     ):
         """Decode (speculatively), return a :class:`GenerationOutput`.
 
-        Stops after ``max_new_tokens`` or when a stop token (the model's eos ids, the decoder's and
-        these ``stop_token_ids``) is committed; the stop token is included in the output, as in
-        transformers' ``generate``.
-
-        Sampling and processors, as transformers' ``generate`` takes them: ``do_sample``,
-        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
-        ``min_new_tokens``, a ``logits_processor`` list and ``stopping_criteria`` (a
-        ``StoppingCriteriaList``, checked after every token). Every argument left unset (``None``)
-        takes the value ``model.generate`` would give it for this model: its
-        ``generation_config``, then transformers' defaults (``top_k=50`` when sampling), and the
-        processors are the ones transformers builds from them (goose/generation.py; a model that
-        is not a transformers model gets only the arguments given). Draws come from
-        ``generator``, or a new one seeded with ``seed``, or torch's global generator (as
-        transformers draws): under the same ``torch.manual_seed`` the output equals
-        ``model.generate(...)``'s with the same arguments, token for token
-        (goose/sampling.py). For a model whose generation config sets none of these, the
-        default is greedy decoding and the output is identical to it (the plain argmax walk);
-        ``stats.extra["generation"]`` says which values applied.
-
-        ``streamer`` (any transformers ``BaseStreamer``): ``put`` the prompt (unless
-        ``stream_prompt=False``), then every committed chunk, and ``end`` once, as transformers'
-        loop does. ``record_scores`` keeps every new token's processed scores and raw logits
-        (``GenerationOutput.scores`` / ``.logits``).
+        Stops after ``max_new_tokens`` or at a committed stop token (the model's eos ids, the decoder's and
+        ``stop_token_ids``), which is included, as in transformers' ``generate``. The sampling arguments,
+        ``logits_processor``, ``stopping_criteria`` and ``streamer`` are transformers' ``generate``'s: an unset one
+        takes the value ``model.generate`` would give it, and under the same seed (``seed``, ``generator`` or torch's
+        global generator) the output equals ``model.generate``'s token for token (docs/concepts.md). Without them
+        the output is greedy decoding's. ``record_scores`` keeps each new token's scores and raw logits.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -600,13 +567,10 @@ class Decoder:
         """The generation's output and its statistics (the components' own stats under ``extra``)."""
         sources, policy, verifier = worker.sources, worker.policy, worker.verifier
         extra = {}
-        for s in sources:
-            st = call_component("source", s, "stats")
+        for key, role, comp in (*((s.name, "source", s) for s in sources), ("policy", "policy", policy)):
+            st = call_component(role, comp, "stats")
             if st:
-                extra[s.name] = st
-        st = call_component("policy", policy, "stats")
-        if st:
-            extra["policy"] = st
+                extra[key] = st
         if worker.branches is not None:  # successor sources' measured rate at ranks 0, 1, 2
             extra["branch_rates"] = worker.branches.snapshot()
         st = call_component("verifier", verifier, "stats")
@@ -641,13 +605,10 @@ class Decoder:
                 s.end(out)
             except Exception as exc:  # noqa: BLE001 - re-raised with the plugin's name
                 first = first or DraftSourceError.raised(s.name, "end", exc)
-        policy = worker.policy
         try:
-            policy.end(out)
+            call_component("policy", worker.policy, "end", out)
         except GooseError as exc:
             first = first or exc
-        except Exception as exc:  # noqa: BLE001
-            first = first or TreePolicyError.raised(policy.name, "end", exc)
         if self.hook is not None:
             try:
                 self.hook.goose_on_generation_end(decoder=self, output=out)
@@ -660,13 +621,9 @@ class Decoder:
     def _shape(self, policy: TreePolicy, ctx: DraftContext, anchor: int, max_depth: int) -> DraftTree | None:
         """The policy's tree for this step, checked (None: an ordinary step); every error names the policy."""
         try:
-            tree = policy.shape(ctx)
+            tree = call_component("policy", policy, "shape", ctx)
         except InvalidTreeError as exc:
             raise InvalidTreeError(f"Tree policy {policy.name!r} built an invalid tree: {exc}") from exc
-        except GooseError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise TreePolicyError.raised(policy.name, "shape", exc) from exc
         if tree is None:
             return None
         if not isinstance(tree, DraftTree):
