@@ -184,7 +184,8 @@ class Counts:
                 sum(v for k, v in self.spine_hits.items() if k >= pool_from))
 
 
-def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int], spine_origin: str = LEAD) -> None:
+def count_step(c: Counts, parents: Sequence[int], origins: Sequence[str], path: Sequence[int],
+               spine_origin: str = LEAD) -> None:
     """Add one verified step's trials and hits to ``c`` (the estimators of docs/theory.md)."""
     depth = _depths(parents)
     spine, groups = _layout(parents, origins, spine_origin)

@@ -212,7 +212,8 @@ def path_to(parents: Sequence[int], node: int) -> tuple[int, ...]:
 
 # ---- The greedy walk against known target tokens (logged records) and the spine-only re-walk ----
 def greedy_walk(
-    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = LEAD
+    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int],
+    spine_origin: str = LEAD,
 ) -> tuple[int, ...]:
     """The verifier's walk: from the root move to the child whose token is the target's argmax at
     the current node, preferring the spine child; stop when none matches. Returns the path."""
@@ -228,7 +229,8 @@ def greedy_walk(
 
 
 def chain_accept_from_argmax(
-    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int], spine_origin: str = LEAD
+    tokens: Sequence[int], parents: Sequence[int], origins: Sequence[str], argmax: Sequence[int],
+    spine_origin: str = LEAD,
 ) -> int:
     """Accepted tokens if the spine alone had been verified as a plain chain (the PLD chain).
 
