@@ -38,11 +38,7 @@ class RatedPolicy(TreePolicy):
     def __init__(self, options: Options | None = None):
         super().__init__(options)
         self._sources: tuple[DraftSource, ...] = ()
-        self.rates = self.make_rates()
-
-    def make_rates(self) -> SourceRates:
-        """The per-source chain acceptance this policy learns (default: a pessimistic prior)."""
-        return SourceRates()
+        self.rates = SourceRates()  # a pessimistic prior, carrying half of what it learns into the next request
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
         self._sources = tuple(sources)
