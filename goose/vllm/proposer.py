@@ -325,11 +325,8 @@ class Proposer:
         a = self.asks.get(StepCost.bucket(n))
         if a is None or a[0] < 3.0 or a[1] > a[2]:
             return True
-        a[3] += 1
-        if a[3] >= ASK_EVERY:
-            a[3] = 0
-            return True
-        return False
+        a[3] = (a[3] + 1) % ASK_EVERY
+        return a[3] == 0
 
     def _book_ask(self, n: int, reaches: Sequence[Sequence[float]], counts: Sequence[int], seconds: float) -> None:
         """Book a step whose sources were asked: what its plan expects to save (the accepted drafts' time at a

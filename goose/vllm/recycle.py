@@ -34,7 +34,7 @@ class Recycler:
         """Wrap ``model.compute_logits`` on this instance so each call's rows are captured; False (and
         nothing changed) when the model has no such method."""
         inner = getattr(model, "compute_logits", None)
-        if inner is None or not callable(inner):
+        if not callable(inner):
             return False
 
         def compute_logits(hidden_states, *args, **kwargs):
