@@ -362,16 +362,11 @@ class SuffixSource(DraftSource):
         live, self.live = self.live, None  # handed over to the history (or dropped): never mutated again
         if o.history == 0 or o.history_tokens == 0:
             return
-        new = list(output.token_ids)
-        if o.history_prompts:
-            seq = [*output.prompt_ids, *new]
-            if live is None or len(live) > len(seq) or list(live.tokens) != seq[: len(live)]:
-                live = _Segment(self.lengths)  # not this request's text: index it afresh
-            live.extend(seq[len(live) :])
-            seg = live
-        else:
-            seg = _Segment(self.lengths)
-            seg.extend(new)
+        seq = [*output.prompt_ids, *output.token_ids] if o.history_prompts else list(output.token_ids)
+        seg = live
+        if not o.history_prompts or live is None or len(live) > len(seq) or list(live.tokens) != seq[: len(live)]:
+            seg = _Segment(self.lengths)  # not this request's text (or its prompt left out): index it afresh
+        seg.extend(seq[len(seg) :])
         if len(seg) > o.history_tokens:
             return  # longer than the whole history may hold
         self.history.add(seg)
