@@ -41,9 +41,9 @@ class BranchRates:
         self.agree_hits, self.agree_trials = [0.0] * max_rank, [0.0] * max_rank
         self._table: dict[str, list[float]] = {}  # memo of rate() per source, dropped when anything is booked
 
-    def begin(self, fresh: bool = False) -> None:
-        """A generation starts: keep ``carry`` of what was learned (none of it when ``fresh``)."""
-        k = 0.0 if fresh else self.carry
+    def begin(self) -> None:
+        """A generation starts: keep ``carry`` of what was learned."""
+        k = self.carry
         for table in (self.hits, self.trials):
             for key, row in table.items():
                 table[key] = [v * k for v in row]

@@ -8,15 +8,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
 from goose.branches import BranchRates
 from goose.errors import (
     DecoderBusyError, DraftSourceError, GooseError, InvalidInputError, InvalidTreeError, TreePolicyError, VerifierError,
-    call_component,
-)
+    call_component)
 from goose.interfaces import DraftContext, DraftSource, DraftState, Request, TokenView, TreePolicy, Verified, Verifier
 from goose.sampling import Sampling, TokenRule
 from goose.tree import ROOT, DraftTree
@@ -73,22 +72,10 @@ class Stats:
         return d.get("accepted", 0) / d["drafted"] if d.get("drafted") else 0.0
 
     def to_dict(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "forward_passes": self.forward_passes,
-            "tau": self.tau,
-            "steps": self.steps,
-            "mean_accept_length": self.mean_accept_length,
-            "per_source": self.per_source,
-            "per_origin": self.per_origin,
-            "routes": self.routes,
-            "time_s": self.time_s,
-            "stopped_by": self.stopped_by,
-            "extra": self.extra,
-            "verify_time_by_route": self.verify_time_by_route,
-            "speedup_estimate": self.speedup_estimate(),
-        }
+        """Every field but ``accept_lengths``, with ``tau``, ``mean_accept_length`` and ``speedup_estimate``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "accept_lengths"}
+        return {**out, "tau": self.tau, "mean_accept_length": self.mean_accept_length,
+                "speedup_estimate": self.speedup_estimate()}
 
 
 @dataclass(frozen=True)
@@ -211,12 +198,10 @@ class Decoder:
         self._workers = 1
         self._template, self._template_error = self._snapshot()
 
-    # -- per-call component sets -------------------------------------------------------------------
     def _shared_memo(self) -> dict:
         """Objects a copy must share, not duplicate: the model (every module and tensor), the tokenizer."""
-        memo: dict = {id(self.tokenizer): self.tokenizer, id(self.hook): self.hook}
         model = self.model
-        memo[id(model)] = model
+        memo = {id(x): x for x in (self.tokenizer, self.hook, model)}
         if isinstance(model, torch.nn.Module):
             memo.update((id(t), t) for t in (*model.modules(), *model.parameters(), *model.buffers()))
         return memo
@@ -235,8 +220,7 @@ class Decoder:
                 raise DecoderBusyError(
                     "this decoder is generating in another thread, and its components cannot be copied "
                     f"for a second concurrent call ({self._template_error}). Hint: compose one decoder "
-                    "per thread; they can share the model."
-                )
+                    "per thread; they can share the model.")
             template = self._template
             self._workers += 1
         return copy.deepcopy(template, self._shared_memo())
@@ -255,15 +239,13 @@ class Decoder:
     def __repr__(self) -> str:
         return f"<goose.Decoder {self.description}>"
 
-    # ---------------------------------------------------------------------------------------------
     def prompt_tensor(self, prompt) -> torch.Tensor:
         """``prompt`` (a str, a 1-D or [1, n] tensor, a list of ids) as checked 1-D token ids; a clear error otherwise."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidInputError(
                     "prompt is a str but this decoder has no tokenizer; pass a tokenizer to compose() "
-                    "or give the prompt as a 1-D LongTensor of token ids"
-                )
+                    "or give the prompt as a 1-D LongTensor of token ids")
             ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
         elif isinstance(prompt, torch.Tensor):
             ids = prompt
@@ -274,14 +256,12 @@ class Decoder:
                 raise InvalidInputError(f"prompt list must hold token ids (ints), got {prompt[:5]!r}...") from exc
         else:
             raise InvalidInputError(
-                f"prompt must be a str or a 1-D LongTensor of token ids, got {type(prompt).__name__}"
-            )
+                f"prompt must be a str or a 1-D LongTensor of token ids, got {type(prompt).__name__}")
         if ids.dim() == 2:
             if ids.shape[0] != 1:
                 raise InvalidInputError(
                     f"batch size {ids.shape[0]} is not supported: Goose decodes one sequence at a time "
-                    f"(got input of shape {tuple(ids.shape)}). Hint: call generate() once per prompt."
-                )
+                    f"(got input of shape {tuple(ids.shape)}). Hint: call generate() once per prompt.")
             ids = ids[0]
         if ids.dim() != 1:
             raise InvalidInputError(f"prompt ids must be 1-D (or [1, n]), got shape {tuple(ids.shape)}")
@@ -291,24 +271,20 @@ class Decoder:
         if ids.numel() == 0:
             raise InvalidInputError(
                 "empty prompt: at least one token is needed to start decoding. Hint: a chat model "
-                "can start from its chat template (goose generate --chat)."
-            )
+                "can start from its chat template (goose generate --chat).")
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
             raise InvalidInputError(
                 f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size}). "
-                "Hint: was the prompt encoded with this model's tokenizer?"
-            )
+                "Hint: was the prompt encoded with this model's tokenizer?")
         if self.max_positions is not None and ids.numel() >= self.max_positions:
             raise InvalidInputError(
                 f"prompt of {ids.numel()} tokens does not fit the model's context of "
                 f"{self.max_positions} positions (at least one must remain to generate). "
-                "Hint: shorten the prompt."
-            )
+                "Hint: shorten the prompt.")
         return ids
 
-    # ---------------------------------------------------------------------------------------------
     def generate(
         self,
         prompt,
@@ -362,8 +338,7 @@ class Decoder:
             raise InvalidInputError(
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {self.max_positions} positions. Hint: max_new_tokens <= "
-                f"{self.max_positions - prompt_len}."
-            )
+                f"{self.max_positions - prompt_len}.")
         if generation.uses_transformers(self.model):
             rule = generation.resolve(self.model, ids, max(max_new_tokens, 1), given, logits_processor, stopping_criteria)
         else:
@@ -399,8 +374,7 @@ class Decoder:
             rule = TokenRule(
                 prompt_ids, max_new_tokens, max_new_tokens + self.max_nodes + 1, resolved.processors,
                 resolved.do_sample, generator, frozenset(stops), resolved.criteria, record=record_scores,
-                temperature=resolved.temperature,
-            )
+                temperature=resolved.temperature)
         if streamer is not None and stream_prompt:
             streamer.put(ids.view(1, -1).cpu())
         worker = self._acquire()
@@ -525,8 +499,7 @@ class Decoder:
         worker.asked = ({}, None)
         if max_depth > 0:
             state = DraftState(
-                view, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, tally.steps
-            )
+                view, prompt_len, anchor, seq[-2] if len(seq) >= 2 else None, self.budget, max_depth, tally.steps)
             ctx = DraftContext(state, worker.sources, None if rule is None else rule.noise_view(), self.vocab_size,
                                worker.branches)
             tree = self._shape(worker.policy, ctx, anchor, max_depth)
@@ -541,9 +514,8 @@ class Decoder:
 
     def _verify(self, worker: _Worker, tree: DraftTree, stops, room: int, draft_s: float, rule,
                 tally: _Tally) -> tuple[int, ...]:
-        """One forward over the tree; what the verifier reports is checked against the tree
-        (:func:`_check_report`; ``greedy``: the request walks the raw argmax); the sources and policy observe
-        it; the tokens it commits (cut at the first stop token and at ``room``); the step observers are told."""
+        """One forward over the tree, checked (:func:`_check_report`) and observed; the tokens it commits (cut at the
+        first stop token and at ``room``)."""
         t0 = time.perf_counter()
         rule_kw = {} if rule is None else {"rule": rule}
         v = call_component("verifier", worker.verifier, "verify", tree, **rule_kw)
@@ -590,8 +562,7 @@ class Decoder:
             {"draft": t.draft_s, "sources": t.sources_s, "verify": t.verify_s, "observe": t.observe_s,
              "check": t.check_s, "total": time.perf_counter() - t_start},
             stopped_by, extra, dict(t.route_time),
-            {o: {"drafted": t.o_drafted[o], "accepted": t.o_accepted[o]} for o in sorted(t.o_drafted)},
-        )
+            {o: {"drafted": t.o_drafted[o], "accepted": t.o_accepted[o]} for o in sorted(t.o_drafted)})
         text = self.tokenizer.decode(new, skip_special_tokens=True) if self.tokenizer is not None else ""
         return GenerationOutput(new, text, stats, prompt_ids)
 
@@ -617,7 +588,6 @@ class Decoder:
         if first is not None:
             raise first
 
-    # ---------------------------------------------------------------------------------------------
     def _shape(self, policy: TreePolicy, ctx: DraftContext, anchor: int, max_depth: int) -> DraftTree | None:
         """The policy's tree for this step, checked (None: an ordinary step); every error names the policy."""
         try:
@@ -630,33 +600,28 @@ class Decoder:
             raise TreePolicyError(
                 policy.name,
                 f"Tree policy {policy.name!r} returned {type(tree).__name__}; shape() must return "
-                "a goose.DraftTree or None. Hint: DraftTree.build(tokens, parents, origins)", "shape",
-            )
+                "a goose.DraftTree or None. Hint: DraftTree.build(tokens, parents, origins)", "shape")
         if tree.num_nodes < 2:  # an ordinary step; the policy's meta travels with it, unread, to its observe
             return DraftTree((anchor,), (-1,), (ROOT,), None, "single", dict(tree.meta))
         if tree.tokens[0] != anchor:
             raise TreePolicyError(
                 policy.name,
                 f"Tree policy {policy.name!r} returned a tree rooted at token {tree.tokens[0]}, but "
-                f"the anchor is {anchor}; node 0 must be the anchor (ctx.state.anchor)", "shape",
-            )
+                f"the anchor is {anchor}; node 0 must be the anchor (ctx.state.anchor)", "shape")
         if tree.num_nodes > self.max_nodes:
             raise TreePolicyError(
                 policy.name,
                 f"Tree policy {policy.name!r} returned {tree.num_nodes} nodes, over its limit of "
-                f"{self.max_nodes} at budget {self.budget} (root included; see TreePolicy.max_nodes)", "shape",
-            )
+                f"{self.max_nodes} at budget {self.budget} (root included; see TreePolicy.max_nodes)", "shape")
         vocab = self.vocab_size
         for i, t in enumerate(tree.tokens):
             if t >= vocab:  # sources' ids were checked as they left them: this one is the policy's
                 by = tree.sources[i] if tree.sources is not None else ()
                 raise TreePolicyError(
-                policy.name,
+                    policy.name,
                     f"Tree policy {policy.name!r} returned token id {t} at tree node {i} (origin {tree.origins[i]!r}"
                     + (f", credited to {', '.join(by)}" if by else "")
-                    + f"), outside the vocabulary [0, {vocab}). Hint: place only ids the sources proposed.",
-                    "shape",
-                )
+                    + f"), outside the vocabulary [0, {vocab}). Hint: place only ids the sources proposed.", "shape")
         if max(tree.depths) > max_depth:
             tree = prune(tree, max_depth)
         return tree
@@ -683,34 +648,27 @@ def _check_pass(verifier: Verifier, v, hook: str) -> None:
         raise VerifierError(
             verifier.name,
             f"Verifier {verifier.name!r} returned {type(v).__name__} from {hook}(); it must return a goose.Verified. "
-            "Hint: build the record as TransformersVerifier does (verifiers/greedy.py)", hook,
-        )
+            "Hint: build the record as TransformersVerifier does (verifiers/greedy.py)", hook)
     rows, n = int(v.logits.shape[0]), int(v.tokens.shape[0])
     if rows != n:  # the sources index the logits by the tokens' positions
         raise VerifierError(
             verifier.name,
             f"Verifier {verifier.name!r} returned a {v.kind} pass with {rows} logit rows for {n} "
             f"tokens; a Verified holds one row per token (Verified.logits[i] follows Verified.tokens[i]). "
-            "Hint: slice the tokens and predecessors to the rows the forward computed.", hook,
-        )
+            "Hint: slice the tokens and predecessors to the rows the forward computed.", hook)
 
 
 _REPORT_HINT = (
     "Hint: a verifier reports the root-to-node walk of the tree it was given (Verified.path, node 0 first), the "
     "tokens of the walk's nodes after the root (Verified.accepted) and the token after the last one "
     "(Verified.bonus), as TransformersVerifier.verify does; goose.testing.VerifierLosslessnessKit checks a "
-    "verifier's passes"
-)
+    "verifier's passes")
 
 
 def _check_report(verifier: Verifier, tree: DraftTree, v: Verified, greedy: bool, vocab: int) -> None:
-    """What the verifier's ``verify(tree)`` reported, before anything observes or commits it, or a
-    :class:`VerifierError` naming the verifier, the node and the value: a tree record of ``tree`` with one logit
-    row per node; ``path`` a root-to-node walk of ``tree`` (node 0, then a child of each node); ``accepted`` the
-    tokens of the path's nodes after the root; ``bonus`` None or a token id in ``[0, vocab)``. In a ``greedy``
-    request (the raw argmax walk: no sampling, no processors) each accepted token is the argmax of its parent
-    node's logit row and the bonus the argmax of the last node's, read from the logits (the path's rows only),
-    not from the verifier's ``argmax``. Python over the path's few indices and one reduction over its rows."""
+    """What the verifier's ``verify(tree)`` reported, checked before anything observes or commits it (a
+    :class:`VerifierError` names the node and the value): one logit row per node, ``path`` a root-to-node walk,
+    ``accepted`` its tokens, ``bonus`` None or an id; in a ``greedy`` request, each the argmax of the row before."""
     name = verifier.name
 
     def bad(what: str):
@@ -777,16 +735,14 @@ def _check_first(verifier: Verifier, v: Verified, greedy: bool, vocab: int) -> N
         raise VerifierError(
             name, f"Verifier {name!r} reported the prefill's bonus {bonus!r}, not a token id (an int in [0, {vocab})); "
             "it is the first new token. Hint: the argmax (or the rule's choice) of the last prompt position's row",
-            "prefill",
-        )
+            "prefill")
     if greedy and v.logits.dim() == 2:
         best = int(v.logits[-1].max(-1).indices)
         if bonus != best:
             raise VerifierError(
                 name, f"Verifier {name!r} reported the prefill's bonus {bonus} in a greedy request, but the argmax of "
                 f"the last prompt position's logit row is {best}. Hint: the first new token is that argmax "
-                "(TransformersVerifier.prefill)", "prefill",
-            )
+                "(TransformersVerifier.prefill)", "prefill")
 
 
 def _cut(committed: tuple[int, ...], stops, room: int) -> tuple[int, ...]:

@@ -1,12 +1,8 @@
 """What ``model.generate`` would do with these arguments: its generation config, processors, criteria.
 
-``Decoder.generate(prompt, do_sample=True, temperature=0.7)`` promises the tokens of
-``model.generate(do_sample=True, temperature=0.7)`` under the same seed, and transformers fills unset
-arguments from the model's ``generation_config`` and then its own defaults. Goose does not copy those rules:
-:func:`resolve` calls the model's own ``generate`` with a ``custom_generate`` callable that returns what
-``generate`` prepared instead of decoding (no forward runs), so every argument gets exactly the value
-``model.generate`` would give it. A model that is not a transformers ``GenerationMixin`` (the toy model) has
-no such rules: only the arguments given apply (:func:`explicit`).
+:func:`resolve` asks the model's own ``generate``, through a ``custom_generate`` that returns what it prepared
+instead of decoding (no forward runs); a model without transformers' ``generate`` gets only the arguments given
+(:func:`explicit`). docs/concepts.md explains why.
 """
 
 from __future__ import annotations

@@ -3,19 +3,12 @@
     out = model.generate(**tok(prompt, return_tensors="pt"), custom_generate=goose.hf_generate,
                          max_new_tokens=128, do_sample=True, temperature=0.7, top_p=0.9)
 
-transformers prepares the inputs, the generation config, the logits processors and the stopping criteria, then
-calls :func:`hf_generate` in place of its loop. Goose applies the processors to the rows its tree walk visits,
-commits transformers' own choice (argmax, or one ``torch.multinomial`` draw from the global generator), checks
-the criteria after every token, and returns what ``generate`` returns (``GenerateDecoderOnlyOutput`` with
-``return_dict_in_generate=True``). The decoder is ``pld`` + ``tr`` under ``spine-fit``, composed once per model,
-unless ``generate``'s keyword ``goose`` gives a :class:`~goose.Decoder` for this model or a dict of
-:func:`goose.compose` keywords (composed once and kept).
-
-transformers hands a callable ``custom_generate`` neither its ``streamer`` nor its ``tokenizer``: the streamer
-is taken from ``generate``'s call frame (not found: a warning, and the streamer gets the prompt only), and
-``stop_strings`` (a parameter of :func:`hf_generate`, so that transformers hands it over unchecked) become a
-``StopStringCriteria`` with the first tokenizer found: the ``goose=`` Decoder's, the streamer's, or the one
-saved beside the model; with none, it fails before any forward.
+transformers prepares the inputs, config, processors and criteria, then calls :func:`hf_generate` in place of its
+loop; Goose walks its trees with them and returns what ``generate`` returns. The decoder is ``pld`` + ``tr`` under
+``spine-fit`` (composed once per model) unless the keyword ``goose`` gives a Decoder or ``compose`` keywords.
+transformers hands ``custom_generate`` neither its ``streamer`` (taken from ``generate``'s frame) nor its
+``tokenizer``: ``stop_strings`` (a parameter here, so that transformers passes it unchecked) use the ``goose=``
+Decoder's, the streamer's or the saved one.
 """
 
 from __future__ import annotations
@@ -54,39 +47,35 @@ def _decoder_for(model, spec):
             f"goose= must be a goose.Decoder or a dict of goose.compose keywords, got {type(spec).__name__}. "
             "Hint: goose={'sources': ['pld', 'tr'], 'policy': 'spine'}")
     key = repr(sorted(spec.items(), key=lambda kv: kv[0]))
+    return _once(_once(_decoders, model, dict), key, lambda: compose(model, None, **spec))
+
+
+def _once(table, key, make):
+    """``table[key]``, made by ``make()`` outside the lock where missing (the first one stored wins)."""
     with _lock:
-        per_model = _decoders.setdefault(model, {})
-        dec = per_model.get(key)
-    if dec is None:
-        dec = compose(model, None, **spec)
+        got = table.get(key)
+    if got is None:
+        got = make()
         with _lock:
-            dec = per_model.setdefault(key, dec)
-    return dec
+            got = table.setdefault(key, got)
+    return got
 
 
-def _stop_string_tokenizer(model, dec, streamer, stop_strings):
-    """The tokenizer that turns ``stop_strings`` into a criterion (see the module docstring)."""
-    tok = getattr(dec, "tokenizer", None) or getattr(streamer, "tokenizer", None)
-    if tok is not None:
-        return tok
-    with _lock:
-        tok = _tokenizers.get(model)
+def _saved_tokenizer(model, stop_strings):
+    """The tokenizer saved beside ``model``, or an error saying how to give ``stop_strings`` one."""
+    path = getattr(getattr(model, "config", None), "name_or_path", None) or getattr(model, "name_or_path", None)
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path) if path else None
+    except Exception:  # noqa: BLE001 - any failure means: no tokenizer beside the model
+        tok = None
     if tok is None:
-        path = getattr(getattr(model, "config", None), "name_or_path", None) or getattr(model, "name_or_path", None)
-        try:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(path) if path else None
-        except Exception:  # noqa: BLE001 - any failure means: no tokenizer beside the model
-            tok = None
-        if tok is None:
-            raise InvalidInputError(
-                f"stop_strings={stop_strings!r} need the model's tokenizer, and transformers does not hand "
-                f"custom_generate the tokenizer= it was given; none was found beside the model ({path!r}). "
-                "Hint: pass goose=goose.compose(model, tok) (its tokenizer is used), or "
-                "stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, stop_strings)])")
-        with _lock:
-            tok = _tokenizers.setdefault(model, tok)
+        raise InvalidInputError(
+            f"stop_strings={stop_strings!r} need the model's tokenizer, and transformers does not hand "
+            f"custom_generate the tokenizer= it was given; none was found beside the model ({path!r}). "
+            "Hint: pass goose=goose.compose(model, tok) (its tokenizer is used), or "
+            "stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, stop_strings)])")
     return tok
 
 
@@ -156,7 +145,8 @@ def hf_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_c
 
         if isinstance(stop_strings, str):
             stop_strings = [stop_strings]
-        tok = _stop_string_tokenizer(model, dec, streamer, stop_strings)
+        tok = (getattr(dec, "tokenizer", None) or getattr(streamer, "tokenizer", None)
+               or _once(_tokenizers, model, lambda: _saved_tokenizer(model, stop_strings)))
         stopping_criteria = StoppingCriteriaList([*stopping_criteria, StopStringCriteria(tok, list(stop_strings))])
     resolved = generation.from_transformers(generation_config, logits_processor, stopping_criteria)
     out = dec.generate_resolved(dec.prompt_tensor(input_ids[0]), max_new, resolved.stop_ids, resolved, None,

@@ -1,10 +1,5 @@
-"""Every hook Goose defines; plugins implement them with ``@goose.hookimpl``.
-
-The registration hooks run once per plugin, when :func:`goose.compose` (or ``goose plugins``) first needs the
-registry; each gets ``register(cls, name=None, aliases=(), defaults=None, description=None, deprecated=())``,
-and a name another plugin took already is refused with an error naming both. The observer hooks run once per
-generation or once per verification step, never per node.
-"""
+"""Every hook Goose defines; plugins implement them with ``@goose.hookimpl`` (docs/hooks.md). Registration hooks
+get ``register(cls, name=None, aliases=(), defaults=None, description=None, deprecated=())``."""
 
 from __future__ import annotations
 

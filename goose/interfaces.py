@@ -1,7 +1,5 @@
 """The three extension points (:class:`DraftSource`, :class:`TreePolicy`, :class:`Verifier`), their
-:class:`Options`, and the frozen records that cross them; a policy reads the sources through a
-:class:`DraftContext`. :func:`goose.compose` builds the components once; the loop calls their methods directly.
-"""
+:class:`Options`, the frozen records that cross them, and the :class:`DraftContext` a policy reads sources through."""
 
 from __future__ import annotations
 
@@ -52,13 +50,6 @@ _REQUIRED = {bool: "True or False", int: "an integer", float: "a number"}
 _SCALAR_WORDS = {bool: "a bool", int: "an int", float: "a float or an int"}
 
 
-def _members(annotation) -> tuple:
-    """A union's member types, None left out (``int | None`` -> ``(int,)``); any other type alone."""
-    if get_origin(annotation) in (Union, UnionType):
-        return tuple(a for a in get_args(annotation) if a is not type(None))
-    return (annotation,)
-
-
 def _fits(kind: type, v) -> bool:
     """Whether option type ``kind`` (bool, int or float) may take ``v`` as it is (see :class:`Options`)."""
     if kind is bool:
@@ -73,7 +64,8 @@ def _scalar_problem(annotation, v, where: str = ""):
     the item's place in the option, "" for the option itself), or None. Other types are left to pydantic."""
     if v is None:
         return None
-    members = _members(annotation)
+    members = (tuple(a for a in get_args(annotation) if a is not type(None))  # int | None -> (int,)
+               if get_origin(annotation) in (Union, UnionType) else (annotation,))
     scalars = [m for m in members if m in (bool, int, float)]
     if scalars and len(scalars) == len(members):
         if any(_fits(m, v) for m in scalars):
@@ -156,15 +148,6 @@ class TokenView(Sequence):
     def __contains__(self, x) -> bool:
         return x in self._tokens
 
-    def __reversed__(self):
-        return reversed(self._tokens)
-
-    def index(self, *args):
-        return self._tokens.index(*args)
-
-    def count(self, x) -> int:
-        return self._tokens.count(x)
-
     def __eq__(self, other) -> bool:
         if isinstance(other, TokenView):
             other = other._tokens
@@ -226,12 +209,8 @@ class Proposal:
 
     def first_chain(self) -> tuple[int, ...]:
         """All the tokens of a chain; for a tree, the path through each node's first child (a source's likeliest)."""
-        parents = self.parents
-        n = len(parents)
-        if n == 0 or parents[-1] == n - 2 and self.is_chain:
-            return self.tokens
         out, node = [], -1
-        for i, p in enumerate(parents):
+        for i, p in enumerate(self.parents):
             if p == node:
                 out.append(self.tokens[i])
                 node = i
@@ -581,11 +560,9 @@ class Verifier(_Component):
     :class:`~goose.sampling.TokenRule`, passed as ``rule``; False: greedy requests only, ``rule`` never passed).
     :meth:`bind` sets the first two from the model's config; a wrapping verifier, from the inner one.
 
-    **Speed protocol.** A fitted policy (``spine-fit``) and ``goose calibrate`` price a tree by the composed
-    verifier's latency curve, measured through :meth:`timing_key`, :meth:`pass_forms`, :meth:`form_serves`,
-    :meth:`time_pass` and :meth:`forms_kept` (goose.verifiers.latency). The defaults time :meth:`verify`; a
-    verifier whose passes run in several forms (kernels) lists them so that the calibration picks the fastest
-    per tree size, and reads the result back with ``goose.verifiers.latency.cached_curve(model, self)``."""
+    **Speed protocol** (:meth:`timing_key` to :meth:`forms_kept`): how ``spine-fit`` and ``goose calibrate``
+    measure this verifier's latency curve (goose.verifiers.latency, docs/plugins.md); the defaults time
+    :meth:`verify`."""
 
     supports_rules: ClassVar[bool] = False
     #: part of :meth:`timing_key`: raise it when a change makes this verifier's earlier latency curves stale

@@ -1,12 +1,6 @@
-"""The plugin manager and the component registry.
-
-Built-in components are plugins too: the modules in ``DEFAULT_PLUGINS`` register through the same hooks as
-third-party distributions (entry-point group ``goose``; ``GOOSE_DISABLE_PLUGIN_AUTOLOAD=1`` loads none,
-``GOOSE_PLUGINS=name1,name2`` only these). An installed plugin that fails to load, implements an unknown hook,
-defines a ``goose_*`` function without ``@goose.hookimpl``, or registers a malformed component is left out
-whole, with a :class:`PluginWarning` saying why (:func:`broken_plugins`). A plugin registered at run time
-(:func:`register_plugin`) registers whole or not at all, with a ``PluginError``.
-"""
+"""The plugin manager and the component registry. Built-in components (``DEFAULT_PLUGINS``) register through the
+same hooks as installed plugins; a broken installed plugin is left out whole with a :class:`PluginWarning`, one
+registered at run time fails whole with a ``PluginError`` (docs/hooks.md)."""
 
 from __future__ import annotations
 
@@ -226,8 +220,6 @@ def register_plugin(plugin: object, name: str | None = None) -> None:
                 pm.check_pending()
             except pluggy.PluginValidationError as exc:
                 raise PluginError(f"Plugin {pname!r} is malformed: {exc}. Known hooks: {_KNOWN_HOOKS}.") from exc
-            except ValueError as exc:
-                raise PluginError(f"Plugin {pname!r} is malformed: {exc}") from exc
             _origins[pname] = "registered at run time"
             _registry = _build_registry(pm, strict_for=pname)
         except BaseException:
@@ -374,9 +366,6 @@ def reset() -> None:
 def component_options(entry: Entry, overrides: Mapping | None):
     """``overrides`` validated against a registry entry's Options (defaults applied), or an
     :class:`InvalidInputError` saying what is allowed (the role's ComponentError where the Options code raised)."""
-    if overrides is not None and not isinstance(overrides, Mapping):
-        raise InvalidInputError(
-            f"options for {entry.kind} {entry.name!r} must be a dict, got {type(overrides).__name__}")
     try:
         return entry.options(dict(overrides or {}))
     except ValidationError as exc:
@@ -443,14 +432,12 @@ def build_component(kind: str, spec, base: type, extra_options: Mapping | None):
     opts = None
     if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
         spec, opts = spec
-        if opts is not None and not isinstance(opts, Mapping):
+    for given in (opts, extra_options):
+        if given is not None and not isinstance(given, Mapping):
+            name = spec if isinstance(spec, str) else getattr(spec, "name", spec)
             raise InvalidInputError(
-                f"options for {kind} {spec!r} must be a dict of option names to values, got {type(opts).__name__} "
-                f"{opts!r}. Hint: ({spec!r}, {{'option': value}}); `goose plugins` lists each component's options")
-    if extra_options is not None and not isinstance(extra_options, Mapping):
-        name = spec if isinstance(spec, str) else getattr(spec, "name", spec)
-        raise InvalidInputError(f"options for {kind} {name!r} must be a dict of option names to values, got "
-                                f"{type(extra_options).__name__} {extra_options!r}. Hint: {{'option': value}}")
+                f"options for {kind} {name!r} must be a dict of option names to values, got {type(given).__name__} "
+                f"{given!r}. Hint: ({name!r}, {{'option': value}}); `goose plugins` lists each component's options")
     if not isinstance(spec, str):
         raise InvalidInputError(f"a {kind} is given by name (str), (name, options) or a goose.{base.__name__} "
                                 f"instance; got {spec!r}")

@@ -1,16 +1,8 @@
 """Choosing the committed tokens as transformers' decoding loop does: processors, then argmax or a draw.
 
-A :class:`TokenRule`, made per request that samples or applies logits processors (without one the verifier
-walks by plain argmax), turns one row of raw logits into the next token as ``GenerationMixin._sample`` does:
-``scores = logits_processor(input_ids, float32 logits)``, then ``multinomial(softmax(scores), 1)`` (or
-``argmax(scores)``). On the CPU the draw is ``argmax(probs / q)`` with ``q`` the token's exponential fill,
-as ``multinomial`` makes it, possibly drawn before the forward so that drafting can read it (:class:`NoiseTape`).
-
-The tree walk (:func:`rule_walk`) draws at the visited nodes only: at node u it draws the target's token given
-the prefix ending at u and moves to the child carrying it, or ends the step with it as the bonus. So every
-committed token is one draw, in order, from the autoregressive distribution, and under ``torch.manual_seed(s)``
-the output equals ``model.generate(do_sample=True, ...)`` wherever the tree pass's logits equal the one-token
-pass's. The walk stops drawing when a drawn token ends the generation, as transformers does.
+A :class:`TokenRule` turns one row of raw logits into the next token as ``GenerationMixin._sample`` does, and
+:func:`rule_walk` draws at the visited tree nodes only, so that under one seed the output is transformers' own
+(docs/concepts.md explains the walk, :class:`FastTopP`, :class:`NoiseTape` and the numpy fills).
 """
 
 from __future__ import annotations
@@ -87,10 +79,9 @@ def build_processors(s: Sampling, prompt_len: int, eos_ids: Sequence[int]):
 
 
 class FastTopP:
-    """transformers' ``TopPLogitsWarper`` for one CPU row, bit for bit, without its index sort: the removed
-    entries are a prefix of the sorted values, exactly ``scores < v`` when the first kept value ``v`` differs
-    from the last removed one. Where that could fail (a tie across the cut, NaN, a batch, a non-CPU or
-    non-float32 tensor, a filter value other than -inf, too few finite scores) the stock warper runs."""
+    """transformers' ``TopPLogitsWarper`` for one CPU row, bit for bit, from a value sort: the removed entries are
+    ``scores < v``, ``v`` the first kept value. Where that could fail (a tie across the cut, NaN, a batch, a
+    non-CPU or non-float32 tensor, another filter value, too few finite scores) the stock warper runs."""
 
     def __init__(self, stock):
         self.stock = stock
@@ -130,13 +121,6 @@ def _sorted_values(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def fast_processors(procs):
-    """``procs`` with every plain ``TopPLogitsWarper`` served by :class:`FastTopP` (same output)."""
-    from transformers import LogitsProcessorList, TopPLogitsWarper
-
-    return LogitsProcessorList(FastTopP(p) if type(p) is TopPLogitsWarper else p for p in procs)
-
-
 def _two_args(processor) -> bool:
     """Whether ``LogitsProcessorList`` would call ``processor(input_ids, scores)`` with nothing more."""
     try:
@@ -146,9 +130,8 @@ def _two_args(processor) -> bool:
 
 
 def _probe_gumbel() -> bool:
-    """Whether ``torch.multinomial(p, 1)`` is ``argmax(p / q)`` with ``q = empty_like(p).exponential_()`` here
-    (torch's CPU fast path), token and generator state both, on private generators. :class:`NoiseTape` draws
-    ``q`` ahead on that premise; where it fails (another torch), the rule draws with ``multinomial``."""
+    """Whether ``torch.multinomial(p, 1)`` is ``argmax(p / q)`` with ``q = empty_like(p).exponential_()`` here,
+    token and generator state both (:class:`NoiseTape`'s premise; where it fails, the rule uses ``multinomial``)."""
     g1, g2 = torch.Generator().manual_seed(20261201), torch.Generator().manual_seed(20261201)
     probe = torch.Generator().manual_seed(7)
     for n in (5, 4099, 49152):
@@ -212,10 +195,8 @@ def _torch_state(bg, like: torch.Tensor) -> torch.Tensor:
 
 
 class _Fill:
-    """One token's exponential fill, kept as the generator's raw words until values are read. torch's
-    ``exponential_`` draws per element one 64-bit word (two mt19937 outputs, high then low), takes its low 53
-    bits as ``u`` and stores ``float32(-log1p(-u))``; numpy's ``MT19937`` (the same engine) draws the words
-    faster, and values are computed only where read, to the bit (:func:`_probe_raw_fills`)."""
+    """One token's exponential fill, kept as the generator's raw words until values are read: per element one
+    64-bit word (two mt19937 outputs, high then low), ``u`` its low 53 bits, value ``float32(-log1p(-u))``."""
 
     __slots__ = ("raw", "q")
 
@@ -251,9 +232,8 @@ class _Fill:
 
 
 def _probe_raw_fills() -> bool:
-    """Whether :class:`_Fill` from numpy's engine equals torch's ``exponential_`` here, values and
-    generator state, on private generators: a fresh seed (the block not yet twisted), mid-block
-    after other draws, and several vocabulary sizes."""
+    """Whether :class:`_Fill` from numpy's engine equals torch's ``exponential_`` here, values and generator
+    state: a fresh seed (the block not yet twisted), mid-block after other draws, several vocabulary sizes."""
     try:
         for seed, n, pre in ((3, 5, 0), (11, 4099, 7), (20261201, 49152, 1000), (5, 1, 3)):
             g, h = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
@@ -284,12 +264,8 @@ def raw_fills_match() -> bool:
 
 
 class NoiseTape:
-    """The exponential noise of each generated token's draw, drawn ahead from the request's generator.
-
-    A CPU draw is ``argmax(probs / q)`` with ``q`` an ``exponential_()`` fill independent of ``probs``, so token
-    j's fill (``[1, vocab]``, in order) can be drawn before the forward that gives its distribution, and
-    drafting may read it (:class:`NoiseView`). Each fill is drawn once; the generator state before each is
-    kept, so that :meth:`finish` leaves the generator as transformers' loop would."""
+    """The exponential noise of each generated token's draw, drawn ahead from the request's generator, once per
+    token; the state before each fill is kept, so that :meth:`finish` leaves the generator as transformers would."""
 
     def __init__(self, generator: torch.Generator | None, vocab: int):
         self.gen = generator if generator is not None else torch.default_generator
@@ -360,9 +336,8 @@ class NoiseTape:
 
 
 class NoiseView:
-    """One step's view of the noise tape: which successor the draw at a depth will pick. Successor scores
-    estimate the target's distribution, so under temperature ``T`` the draw picks ``argmax score ** (1 / T) / q``;
-    :meth:`rank` orders by that key. Only the order of drafts changes, never how they are verified."""
+    """One step's view of the noise tape: successors ranked by ``score ** (1 / T) / q``, the draw's pick were the
+    scores the target's distribution. Only the order of drafts changes, never how they are verified."""
 
     __slots__ = ("tape", "base", "inv_t", "max_depth")
 
@@ -393,7 +368,12 @@ class TokenRule:
                  do_sample: bool = False, generator: torch.Generator | None = None,
                  stop_ids: frozenset[int] = frozenset(), stopping_criteria=None, record: bool = False,
                  temperature: float | None = None):
-        self.processors = fast_processors(processors) if processors is not None and len(processors) else None
+        self.processors = None
+        if processors is not None and len(processors):
+            from transformers import LogitsProcessorList, TopPLogitsWarper
+
+            # a plain TopPLogitsWarper is served by FastTopP (same output)
+            self.processors = LogitsProcessorList(FastTopP(p) if type(p) is TopPLogitsWarper else p for p in processors)
         # LogitsProcessorList.__call__ inspects each processor's signature per call; processors that take
         # (input_ids, scores) only are called directly, in the same order (None: through the list)
         procs = self.processors or ()

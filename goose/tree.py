@@ -1,10 +1,8 @@
 """The draft tree as data, and the pure functions derived from it.
 
 A tree is a parent-index array: node 0 is the root (the anchor: the last committed token, not yet in the
-cache), ``parents[0] == -1`` and ``0 <= parents[i] < i``. Every node carries its token, an origin label (its
-role in the tree: spine, side chain, branch; or the source that drafted it), optionally the names of the
-sources that proposed it (one node for a token several sources propose) and a score. Depths, the ancestor
-mask, position ids, the additive attention mask and the root-to-leaf paths are functions of the parents.
+cache), ``parents[0] == -1`` and ``0 <= parents[i] < i``. Each node carries a token, an origin (its role in the
+tree, or the source that drafted it), optionally the sources that proposed it, and a score.
 """
 
 from __future__ import annotations
@@ -156,15 +154,8 @@ class DraftTree:
     @cached_property
     def paths(self) -> tuple[tuple[int, ...], ...]:
         """Root-to-leaf node-index paths, in node order of the leaves."""
-        out = []
-        for leaf, ch in enumerate(self.children):
-            if ch:
-                continue
-            path = [leaf]
-            while path[-1] != 0:
-                path.append(self.parents[path[-1]])
-            out.append(tuple(reversed(path)))
-        return tuple(out)
+        anc = self.ancestor_mask  # a node's ancestors in index order are its root-to-node path
+        return tuple(tuple(np.flatnonzero(anc[leaf]).tolist()) for leaf, ch in enumerate(self.children) if not ch)
 
 
 def validate(tokens, parents, origins, scores=None) -> None:
