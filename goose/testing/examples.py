@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from goose.interfaces import DraftSource, DraftState, Options, Proposal, Request
+from goose.interfaces import DraftSource, DraftState, Options, Proposal
 
 
 class RecallOptions(Options):
@@ -25,9 +25,6 @@ class RecallSource(DraftSource):
         super().__init__(options)
         self.history: list[list[int]] = []
         self.ends: list = []
-
-    def begin(self, request: Request) -> None:
-        self.prompt = list(request.prompt_ids)
 
     def propose(self, state: DraftState) -> Proposal | None:
         o = self.options

@@ -47,7 +47,7 @@ class ToyCausalLM(nn.Module):
 
 
 def _toy_targets(input_ids, attention_mask, position_ids, cache, vocab: int) -> torch.Tensor:
-    """The toy's ``[n]`` greedy targets for one pass (the cache updated with its (token, position) rows)."""
+    """The toy's ``[1, n]`` greedy targets for one pass (the cache updated with its (token, position) rows)."""
     ids = input_ids[0].long()  # [n]
     n = ids.shape[0]
     past = cache.get_seq_length() if cache is not None else 0
@@ -65,13 +65,12 @@ def _toy_targets(input_ids, attention_mask, position_ids, cache, vocab: int) -> 
         attend = attention_mask[0, 0] == 0  # additive mask: 0 = attend
     contrib = ((ktok + 1) * _weight(kpos)) % MOD  # [L]
     h = (attend.long() * contrib.view(1, L)).sum(-1) % MOD  # [n]
-    return _target(h, pos, vocab)
+    return _target(h, pos, vocab).view(1, n)
 
 
 def _toy_logits(target: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``[1, n, vocab]`` logits ``-((v - target) mod V)`` of ``[n]`` targets (exact in float32)."""
-    v = torch.arange(vocab).view(1, -1)
-    return -((v - target.view(-1, 1)) % vocab).to(torch.float32).unsqueeze(0)
+    """``[..., vocab]`` logits ``-((v - target) mod V)`` of ``[...]`` integer targets (exact in float32)."""
+    return -torch.remainder(torch.arange(vocab) - target.unsqueeze(-1), vocab).to(torch.float32)
 
 
 class ToyDecoder(nn.Module):
@@ -83,7 +82,7 @@ class ToyDecoder(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, **kwargs):
         target = _toy_targets(input_ids, attention_mask, position_ids, cache, self.vocab_size)
-        return SimpleNamespace(last_hidden_state=target.to(torch.float32).view(1, -1, 1))
+        return SimpleNamespace(last_hidden_state=target.to(torch.float32).unsqueeze(-1))
 
 
 class ToyHead(nn.Module):
@@ -94,8 +93,7 @@ class ToyHead(nn.Module):
         self.vocab_size = vocab_size
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        v = torch.arange(self.vocab_size, dtype=torch.float32)
-        return -torch.remainder(v - hidden[..., :1], self.vocab_size)
+        return _toy_logits(hidden[..., 0], self.vocab_size)
 
 
 class ToySplitLM(ToyCausalLM):
@@ -126,10 +124,7 @@ class ToySplitLM(ToyCausalLM):
 
 def _hash(seq: Sequence[int]) -> int:
     """``h`` of ``seq`` at positions 0..len-1, every token attended."""
-    h = 0
-    for j, t in enumerate(seq):
-        h = (h + (t + 1) * _weight(j)) % MOD
-    return h
+    return sum((t + 1) * _weight(j) for j, t in enumerate(seq)) % MOD
 
 
 def reference_next(seq: Sequence[int], vocab_size: int) -> int:
@@ -137,7 +132,8 @@ def reference_next(seq: Sequence[int], vocab_size: int) -> int:
     return _target(_hash(seq), len(seq) - 1, vocab_size)
 
 
-def reference_greedy(prompt: Sequence[int], max_new_tokens: int, vocab_size: int, stop_ids: Sequence[int] = ()) -> list[int]:
+def reference_greedy(prompt: Sequence[int], max_new_tokens: int, vocab_size: int,
+                     stop_ids: Sequence[int] = ()) -> list[int]:
     """Plain greedy decoding of the toy, no cache, no mask: the losslessness oracle."""
     out, h, n = [], _hash(prompt), len(prompt)
     while len(out) < max_new_tokens:
@@ -152,11 +148,12 @@ def reference_greedy(prompt: Sequence[int], max_new_tokens: int, vocab_size: int
 
 def reference_logits(seq: Sequence[int], vocab_size: int) -> torch.Tensor:
     """The toy's float32 logits row ``[1, vocab]`` after ``seq``, from scratch."""
-    return _toy_logits(torch.tensor(reference_next(seq, vocab_size)), vocab_size)[0]
+    return _toy_logits(torch.tensor([reference_next(seq, vocab_size)]), vocab_size)
 
 
 def reference_sample(prompt: Sequence[int], max_new_tokens: int, vocab_size: int, processors=None,
-                     generator: torch.Generator | None = None, stop_ids: Sequence[int] = (), do_sample: bool = True) -> list[int]:
+                     generator: torch.Generator | None = None, stop_ids: Sequence[int] = (),
+                     do_sample: bool = True) -> list[int]:
     """One token at a time, as transformers' sampling loop: processors on the prefix, softmax, one draw."""
     seq, out = list(prompt), []
     while len(out) < max_new_tokens:
