@@ -3,6 +3,7 @@ draft sources and tree policies."""
 
 from __future__ import annotations
 
+import functools
 import random
 import warnings
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from goose.compose import CompositionWarning
 from goose.errors import DraftSourceError, GooseError
 from goose.interfaces import DraftSource, DraftState, Options, Proposal, check_proposal, check_successors
 from goose.sampling import Sampling, build_processors
-from goose.testing.toy import MOD, ToyCausalLM, _weight, reference_greedy, reference_next, reference_sample
+from goose.testing.toy import MOD, ToyCausalLM, _hash, _weight, reference_greedy, reference_next, reference_sample
 from goose.tree import DraftTree
 
 try:  # hypothesis is a test dependency, not a runtime one
@@ -25,7 +26,7 @@ except ImportError:  # pragma: no cover
     given = settings = st = None
 
 
-def random_tree_nodes(rng: random.Random, max_nodes: int, vocab_size: int, oracle: Callable[[list[int]], int] | None,
+def random_tree_nodes(rng: random.Random, max_nodes: int, vocab_size: int, oracle: Callable[[list[int]], int],
                       p_oracle: float, p_chain: float = 0.3) -> tuple[list[int], list[int]]:
     """A random tree under a virtual root: (tokens, parents), parent -1 = the root. With probability ``p_oracle`` a
     node carries ``oracle(path)`` (the token the target wants there), so accepted paths of every length occur."""
@@ -37,7 +38,7 @@ def random_tree_nodes(rng: random.Random, max_nodes: int, vocab_size: int, oracl
         extend = i and rng.random() < p_chain  # a chain: the last node's child, where the last node was kept
         parent = i - 1 if extend and len(tokens) == i else rng.randint(-1, len(tokens) - 1)
         path = [] if parent < 0 else paths[parent]
-        tok = oracle(path) if oracle is not None and rng.random() < p_oracle else rng.randrange(vocab_size)
+        tok = oracle(path) if rng.random() < p_oracle else rng.randrange(vocab_size)
         if (parent, tok) in used:
             continue
         used.add((parent, tok))
@@ -47,38 +48,10 @@ def random_tree_nodes(rng: random.Random, max_nodes: int, vocab_size: int, oracl
     return tokens, parents
 
 
-class ReferenceTreeSource(DraftSource):
-    """Random trees (:func:`random_tree_nodes`) whose nodes carry the next token of ``ref_full`` (prompt + expected
-    continuation) with probability ``p``, else a random id: checks a model's tree passes against its own decoding."""
-
-    name = "ref-trees"
-
-    def __init__(self, ref_full: Sequence[int], seed: int, p: float, vocab_size: int, p_chain: float = 0.4):
-        super().__init__()
-        self.ref, self.seed, self.p, self.vocab_size, self.p_chain = list(ref_full), seed, p, vocab_size, p_chain
-
-    def begin(self, request) -> None:
-        self.rng = random.Random(self.seed)
-
-    def propose(self, state: DraftState) -> Proposal | None:
-        seq = list(state.tokens)
-
-        def oracle(path):
-            full = seq + path
-            if full == self.ref[: len(full)] and len(full) < len(self.ref):
-                return self.ref[len(full)]
-            return self.rng.randrange(self.vocab_size)
-
-        toks, pars = random_tree_nodes(self.rng, state.budget - 1, self.vocab_size, oracle, self.p, self.p_chain)
-        return Proposal(self.name, tuple(toks), tuple(pars)) if toks else None
-
-
 class ArbitraryTreeOptions(Options):
     seed: int = 0
     p_oracle: float = 0.5
     p_chain: float = 0.3
-    max_nodes: int | None = None
-    oracle: bool = True
     confidence: float = 0.0  # the proposals' confidence, in [0, 1]
 
 
@@ -93,12 +66,38 @@ class ArbitraryTreeSource(DraftSource):
         self.rng = random.Random(self.options.seed)
         self.vocab = request.vocab_size
 
+    def _oracle(self, seq: list[int]) -> Callable[[list[int]], int]:
+        return lambda path: reference_next(seq + path, self.vocab)
+
     def propose(self, state: DraftState) -> Proposal | None:
-        o, seq = self.options, list(state.tokens)
-        oracle = (lambda path: reference_next(seq + path, self.vocab)) if o.oracle else None
-        max_nodes = min(state.budget - 1, o.max_nodes or state.budget)
-        toks, pars = random_tree_nodes(self.rng, max_nodes, self.vocab, oracle, o.p_oracle, o.p_chain)
+        o = self.options
+        oracle = self._oracle(list(state.tokens))
+        toks, pars = random_tree_nodes(self.rng, state.budget - 1, self.vocab, oracle, o.p_oracle, o.p_chain)
         return Proposal(self.name, tuple(toks), tuple(pars), confidence=o.confidence) if toks else None
+
+
+class ReferenceTreeSource(ArbitraryTreeSource):
+    """Random trees whose nodes carry the next token of ``ref_full`` (prompt + expected continuation) with
+    probability ``p``, else a random id: checks a model's tree passes against its own decoding."""
+
+    name = "ref-trees"
+
+    def __init__(self, ref_full: Sequence[int], seed: int, p: float, vocab_size: int, p_chain: float = 0.4):
+        super().__init__(ArbitraryTreeOptions(seed=seed, p_oracle=p, p_chain=p_chain))
+        self.ref, self.vocab_size = list(ref_full), vocab_size
+
+    def begin(self, request) -> None:
+        super().begin(request)
+        self.vocab = self.vocab_size
+
+    def _oracle(self, seq: list[int]) -> Callable[[list[int]], int]:
+        def oracle(path):
+            full = seq + path
+            if full == self.ref[: len(full)] and len(full) < len(self.ref):
+                return self.ref[len(full)]
+            return self.rng.randrange(self.vocab)
+
+        return oracle
 
 
 class ArbitraryChainOptions(Options):
@@ -167,11 +166,9 @@ class ArbitrarySuccessorSource(DraftSource):
     def successors(self, token: int, prev: int | None):
         if self.line is None:
             self.line = self.seq + reference_greedy(self.seq, 40, self.vocab)
-        line, oracle = self.line, None
-        for i in range(max(len(self.seq) - 1, 0), len(line) - 1):
-            if line[i] == token and (line[i - 1] == prev if i else prev is None):
-                oracle = line[i + 1]
-                break
+        line = self.line
+        oracle = next((line[i + 1] for i in range(max(len(self.seq) - 1, 0), len(line) - 1)
+                       if line[i] == token and (line[i - 1] == prev if i else prev is None)), None)
         rng = self.rng
         k = min(rng.randint(0, self.options.max_k), self.vocab)
         ids: list[int] = []
@@ -190,11 +187,9 @@ def echo_prompt(vocab_size: int, max_new_tokens: int, keep: int = 8) -> list[int
     """A prompt holding its own greedy continuation on the toy model: at every step of a greedy generation of up
     to ``max_new_tokens``, the last ``keep`` + (tokens generated) committed tokens occurred earlier in it, followed
     by the next token, so a context-match source (n-grams up to ``keep`` + 1 long) finds the right match every step.
-
-    The toy's continuation depends on a prompt only through its length and its hash ``h`` (goose/testing/toy.py).
-    Take a base prompt R (``range(V)`` repeated) and its continuation G, write R's last ``keep`` tokens and G at R's
-    start, then choose a few tokens after them (a meet-in-the-middle search) so that h is R's again.
-    """
+    The toy's continuation depends on a prompt only through its length and hash ``h``: a base prompt's last ``keep``
+    tokens and continuation are written at its start, and a few tokens after them chosen (meet in the middle) to
+    restore h."""
     V = vocab_size
     if V < 2:  # nothing to choose from: a constant prompt (its continuation is constant too)
         return [0] * (keep + 1)
@@ -210,7 +205,7 @@ def echo_prompt(vocab_size: int, max_new_tokens: int, keep: int = 8) -> list[int
         prompt = memory + [0] * k + base[len(memory) + k :]
         slots = range(len(memory), len(memory) + k)
         rest = sum((t + 1) * _weight(j) for j, t in enumerate(prompt) if j not in slots)
-        target = (sum((t + 1) * _weight(j) for j, t in enumerate(base)) - rest) % MOD
+        target = (_hash(base) - rest) % MOD
         a_slots, b_slots = list(slots)[: k // 2], list(slots)[k // 2 :]
 
         def sums(js):  # every assignment of ids to slots js (mixed radix, first slot most significant)
@@ -229,16 +224,8 @@ def echo_prompt(vocab_size: int, max_new_tokens: int, keep: int = 8) -> list[int
             continue  # one more slot
         ib = int(hits[0])
         ia = int(order[at[ib]])
-
-        def digits(i, count):
-            out = []
-            for _ in range(count):
-                out.append(i % V)
-                i //= V
-            return out[::-1]
-
-        for j, t in zip(slots, digits(ia, len(a_slots)) + digits(ib, len(b_slots))):
-            prompt[j] = t
+        digits = [*np.unravel_index(ia, (V,) * len(a_slots)), *np.unravel_index(ib, (V,) * len(b_slots))]
+        prompt[slots.start:slots.stop] = [int(t) for t in digits]
         assert reference_greedy(prompt, n, V) == cont, "echo_prompt: the continuation moved (toy changed?)"
         return prompt
     raise AssertionError(f"echo_prompt found no prompt for vocab_size={V}")  # pragma: no cover
@@ -270,33 +257,81 @@ else:  # pragma: no cover
         raise ImportError("goose.testing.trees needs hypothesis: pip install hypothesis")
 
 
-def _path(tree: DraftTree, i: int) -> tuple[int, ...]:
-    """The tokens from the root (excluded) down to node ``i``."""
-    path = []
-    while i > 0:
-        path.append(tree.tokens[i])
-        i = tree.parents[i]
-    return tuple(reversed(path))
-
-
-def _proposal_paths(prop: Proposal) -> list[tuple[int, ...]]:
-    """The root-to-node token paths of a proposal's nodes."""
+def _proposal_paths(prop) -> list[tuple[int, ...]]:
+    """The token paths from the top down to each node of a proposal (or of a tree, its root included)."""
     paths: list[tuple[int, ...]] = []
     for t, p in zip(prop.tokens, prop.parents):
         paths.append((*(paths[p] if 0 <= p < len(paths) else ()), int(t)))
     return paths
 
 
+class _Drafts:
+    """Spies on ``sources``: what each drafted since :meth:`clear` (the token paths of its proposals, the
+    successors it gave by parent token), the drafts counted in ``proposals``, the ones failing the boundary
+    checks in ``invalid`` and any change to ``state.tokens`` during ``propose`` in ``mutated``."""
+
+    def __init__(self, sources, vocab_size: int):
+        self.vocab_size, self.proposals, self.invalid, self.mutated = vocab_size, 0, [], []
+        self.clear()
+        for src in sources:
+            src.propose = functools.partial(self._propose, src, src.propose)
+            if src.provides_successors:
+                src.successors = functools.partial(self._successors, src, src.successors)
+
+    def clear(self) -> None:
+        self.paths: dict[str, set] = {}
+        self.succ: dict[tuple[str, int], set] = {}
+
+    def undrafted(self, tree: DraftTree, names) -> list[tuple[int, str, tuple[int, ...]]]:
+        """``(node, source, path)`` for each node of ``tree`` credited to a source in ``names`` that did not draft it
+        since :meth:`clear` (neither a path of its proposal nor a successor it gave after the node's parent)."""
+        paths = [p[1:] for p in _proposal_paths(tree)]
+        return [(i, name, paths[i]) for i in range(1, tree.num_nodes) for name in tree.credited(i)
+                if name in names and paths[i] not in self.paths.get(name, ())
+                and tree.tokens[i] not in self.succ.get((name, tree.tokens[tree.parents[i]]), ())]
+
+    def _propose(self, src, propose, state):
+        before = list(state.tokens)
+        prop = propose(state)
+        if list(state.tokens) != before:
+            self.mutated.append((before, list(state.tokens)))
+        if prop is not None:
+            self.proposals += 1
+            try:
+                check_proposal(src.name, prop, self.vocab_size)
+            except DraftSourceError as exc:
+                self.invalid.append(str(exc))
+            else:
+                self.paths.setdefault(src.name, set()).update(_proposal_paths(prop))
+        return prop
+
+    def _successors(self, src, successors, token, prev):
+        ids, scores = successors(token, prev)
+        try:  # the loop refuses these as they leave the source; recorded here as a backstop
+            if len(ids) or len(scores):
+                check_successors(src.name, token, ids, scores, self.vocab_size)
+        except DraftSourceError as exc:
+            self.invalid.append(str(exc))
+        else:
+            if len(ids):
+                self.proposals += 1
+                self.succ.setdefault((src.name, int(token)), set()).update(int(t) for t in ids)
+        return ids, scores
+
+
 class _ToyKit:
-    """What both kits share: drawn prompts on the toy model, outputs checked against greedy and seeded sampling.
+    """What the kits share: drawn prompts on the toy model, outputs checked against greedy and seeded sampling.
     A kit's ``_decoder(budget=, eos=, **drawn)`` composes the decoder under test; ``_draws()`` names what else is
-    drawn for it; ``_later_budgets`` bounds the budget of the generation and sampling checks."""
+    drawn for it; ``_lossless_budgets()`` and ``_later_budgets`` bound the budgets of the checks."""
 
     vocab_size = 16
     _later_budgets = (16, 16)
 
     def _draws(self) -> dict:
         return {}
+
+    def _lossless_budgets(self) -> tuple[int, int]:
+        return 1, 16
 
     def _prompt(self, max_size: int):
         return st.lists(st.integers(0, self.vocab_size - 1), min_size=1, max_size=max_size)
@@ -312,22 +347,10 @@ class _ToyKit:
 
     def test_lossless_on_toy(self):
         @settings(max_examples=self.max_examples, deadline=None)
-        @given(prompt=self._prompt(30), max_new=st.integers(0, 40), budget=st.integers(1, 16),
+        @given(prompt=self._prompt(30), max_new=st.integers(0, 40), budget=st.integers(*self._lossless_budgets()),
                eos=st.none() | st.integers(0, self.vocab_size - 1), **self._draws())
         def prop(prompt, max_new, budget, eos, **drawn):
             self._check_greedy(self._decoder(budget=budget, eos=eos, **drawn), prompt, max_new, eos)
-
-        prop()
-
-    def test_generations_on_one_decoder(self):
-        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
-        @given(prompts=st.lists(self._prompt(20), min_size=2, max_size=4), max_new=st.integers(8, 30),
-               budget=st.integers(*self._later_budgets), **self._draws())  # long enough to draft
-        def prop(prompts, max_new, budget, **drawn):
-            dec = self._decoder(budget=budget, **drawn)
-            for prompt in [*prompts, prompts[0]]:  # the first prompt again, last: what a history would serve
-                self._check_greedy(dec, prompt, max_new, None)
-            self._check_calls(dec, len(prompts) + 1)
 
         prop()
 
@@ -347,7 +370,23 @@ class _ToyKit:
         prop()
 
 
-class SourceLosslessnessKit(_ToyKit):
+class _GenerationsKit(_ToyKit):
+    """The source and policy kits: :class:`_ToyKit` and several generations on one decoder."""
+
+    def test_generations_on_one_decoder(self):
+        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
+        @given(prompts=st.lists(self._prompt(20), min_size=2, max_size=4), max_new=st.integers(8, 30),
+               budget=st.integers(*self._later_budgets), **self._draws())  # long enough to draft
+        def prop(prompts, max_new, budget, **drawn):
+            dec = self._decoder(budget=budget, **drawn)
+            for prompt in [*prompts, prompts[0]]:  # the first prompt again, last: what a history would serve
+                self._check_greedy(dec, prompt, max_new, None)
+            self._check_calls(dec, len(prompts) + 1)
+
+        prop()
+
+
+class SourceLosslessnessKit(_GenerationsKit):
     """The checks a draft source must pass, as a pytest base class: subclass it in your plugin's tests and
     implement :meth:`make_source`. Each check runs the source on the exact toy model under :attr:`policy` (a
     successor source needs a tree policy such as "spine"). docs/plugins.md lists the tests and the attributes.
@@ -385,87 +424,44 @@ class SourceLosslessnessKit(_ToyKit):
     def test_proposals_are_drafted_and_valid(self):
         dec = self._decoder(12)
         out = self._run(echo_prompt(self.vocab_size, 30), 30, 12, None, dec)
-        seen = dec._kit_spy
+        seen, drafts = dec._kit_spy, dec._kit_spy["drafts"]
         # a backstop: the loop itself refuses these (a DraftSourceError) before they get here
-        assert not seen["mutated"], f"state.tokens changed during propose(): {seen['mutated'][:3]}"
-        assert not seen["invalid"], f"invalid proposals: {seen['invalid'][:3]}"
+        assert not drafts.mutated, f"state.tokens changed during propose(): {drafts.mutated[:3]}"
+        assert not drafts.invalid, f"invalid proposals: {drafts.invalid[:3]}"
         # what the loop does not check: a verified node credited to the source was drafted by it at that step
-        name, credited, foreign = seen["name"], 0, []
-        for step, tree in enumerate(seen["trees"].get(0, ())):
-            paths = seen["paths"].get((0, step), {})
-            for i in range(1, tree.num_nodes):
-                if name not in tree.credited(i):
-                    continue
-                credited += 1
-                path = _path(tree, i)
-                if path not in paths.get(tree.tokens[0], ()) and \
-                        tree.tokens[i] not in seen["successors"].get((0, step, tree.tokens[tree.parents[i]]), ()):
-                    foreign.append((step, tree.label(i), path))
+        name, credited, foreign = seen["name"], seen["credited"], seen["foreign"]
         assert not foreign, f"nodes credited to {name!r} that it never drafted (step, node, path): {foreign[:3]}"
         got = out.stats.per_source.get(name, {}).get("drafted", 0)
-        assert got == credited, f"stats.per_source[{name!r}] counts {got} drafted tokens; the verified trees credit it {credited}"
+        assert got == credited, (
+            f"stats.per_source[{name!r}] counts {got} drafted tokens; the verified trees credit it {credited}")
         if self.require_drafts:
-            assert seen["proposals"] > 0, (
+            assert drafts.proposals > 0, (
                 "the source never proposed on a prompt that holds its own continuation (goose.testing.kit.echo_prompt)"
                 " (set require_drafts = False if that is intended)")
-            assert credited > 0, f"the source proposed {seen['proposals']} times but no verified tree holds a node credited to {name!r}"
+            assert credited > 0, (
+                f"the source proposed {drafts.proposals} times but no verified tree holds a node credited to {name!r}")
 
 
 def _spy(dec, vocab_size: int) -> None:
-    """Record on ``dec._kit_spy`` the decoder's first source at work: its proposals (checked), any change to
-    ``state.tokens`` during ``propose``, its ``end`` calls, and per (generation = ``end`` calls before it, step) the
-    root-to-node paths of its proposals by anchor (``paths``), its successors by parent token (``successors``) and
-    the verified trees."""
+    """Spy on the decoder's first source (``dec._kit_spy``): its drafts (:class:`_Drafts`), its ``end`` calls,
+    and the nodes of the verified trees credited to it (``credited``), those it had not drafted that step in
+    ``foreign``."""
     src = dec._idle[0].sources[0]
-    seen = {"name": src.name, "proposals": 0, "invalid": [], "mutated": [], "ends": 0,
-            "paths": {}, "successors": {}, "trees": {}}
-    dec._kit_spy = seen
-    propose, end, observe = src.propose, src.end, src.observe
-
-    def spied_propose(state):
-        before = list(state.tokens)
-        prop = propose(state)
-        if list(state.tokens) != before:
-            seen["mutated"].append((before, list(state.tokens)))
-        if prop is not None:
-            seen["proposals"] += 1
-            try:
-                check_proposal(src.name, prop, vocab_size)
-            except DraftSourceError as exc:
-                seen["invalid"].append(str(exc))
-            else:
-                mine = seen["paths"].setdefault((seen["ends"], state.step), {})
-                mine.setdefault(state.anchor, set()).update(_proposal_paths(prop))
-        return prop
+    drafts = _Drafts([src], vocab_size)
+    seen = dec._kit_spy = {"name": src.name, "drafts": drafts, "ends": 0, "steps": 0, "credited": 0, "foreign": []}
+    observe = src.observe
 
     def spied_observe(verified):
-        if verified.kind == "tree" and verified.tree is not None:
-            seen["trees"].setdefault(seen["ends"], []).append(verified.tree)
+        tree = verified.tree if verified.kind == "tree" else None
+        if tree is not None:  # the drafts since the last tree are this step's
+            seen["credited"] += sum(src.name in tree.credited(i) for i in range(1, tree.num_nodes))
+            foreign = drafts.undrafted(tree, {src.name})
+            seen["foreign"] += [(seen["steps"], tree.label(i), path) for i, _, path in foreign]
+            seen["steps"] += 1
+            drafts.clear()
         return observe(verified)
 
-    def spied_end(output):
-        seen["ends"] += 1
-        return end(output)
-
-    src.propose, src.end, src.observe = spied_propose, spied_end, spied_observe
-    if src.provides_successors:
-        successors = src.successors
-
-        def spied_successors(token, prev):
-            ids, scores = successors(token, prev)
-            try:  # the loop refuses these as they leave the source; recorded here as a backstop
-                if len(ids) or len(scores):
-                    check_successors(src.name, token, ids, scores, vocab_size)
-            except DraftSourceError as exc:
-                seen["invalid"].append(str(exc))
-                return ids, scores
-            if len(ids):
-                seen["proposals"] += 1
-                step = len(seen["trees"].get(seen["ends"], ()))  # drafting for the step after the trees verified so far
-                seen["successors"].setdefault((seen["ends"], step, int(token)), set()).update(int(t) for t in ids)
-            return ids, scores
-
-        src.successors = spied_successors
+    src.observe, src.end = spied_observe, _counted(seen, "ends", src.end)
 
 
 _KINDS = {"chain": ArbitraryChainSource, "tree": ArbitraryTreeSource, "successors": ArbitrarySuccessorSource}
@@ -475,17 +471,12 @@ def _kit_sources(mix) -> list[DraftSource]:
     """The kit's sources for a drawn ``mix``: ``(kind, seed, p_oracle, confidence)`` per source."""
     out = []
     for kind, seed, p, conf in mix:
-        cls = _KINDS[kind]
-        if kind == "chain":
-            out.append(cls(cls.Options(seed=seed, p_oracle=p, confidence=conf)))
-        elif kind == "tree":
-            out.append(cls(cls.Options(seed=seed, p_oracle=p, p_chain=0.5, confidence=conf)))
-        else:
-            out.append(cls(cls.Options(seed=seed, p_oracle=p)))
+        extra = {"chain": {"confidence": conf}, "tree": {"p_chain": 0.5, "confidence": conf}}.get(kind, {})
+        out.append(_KINDS[kind](_KINDS[kind].Options(seed=seed, p_oracle=p, **extra)))
     return out
 
 
-class PolicyLosslessnessKit(_ToyKit):
+class PolicyLosslessnessKit(_GenerationsKit):
     """The checks a tree policy must pass, as a pytest base class: subclass it in your plugin's tests and implement
     :meth:`make_policy`. Every check composes the policy on the exact toy model with a drawn mix of the kit's
     sources (:func:`_kit_sources`), and :func:`_policy_spy` checks every tree ``shape`` returns. docs/plugins.md
@@ -581,40 +572,23 @@ class PolicyLosslessnessKit(_ToyKit):
 
 def _violations(seen) -> str:
     v = seen["violations"]
-    return f"tree policy {seen['policy']!r} returned trees that break the rules ({len(v)} findings); first: " + "; ".join(v[:3])
+    return (f"tree policy {seen['policy']!r} returned trees that break the rules ({len(v)} findings); first: "
+            + "; ".join(v[:3]))
 
 
 def _policy_spy(dec, vocab_size: int) -> None:
     """Check, on ``dec._kit_policy``, every tree the decoder's policy returns as it leaves ``shape`` (see
-    :class:`PolicyLosslessnessKit`), recording what each source drafted in that step (the root-to-node paths of
-    its proposal, the successors it gave by parent token) and counting ``begin`` / ``end``."""
+    :class:`PolicyLosslessnessKit`) against what the sources drafted in that step, and count ``begin`` / ``end``."""
     worker = dec._idle[0]
-    policy, sources = worker.policy, worker.sources
-    names = {s.name for s in sources}
+    policy = worker.policy
+    names = {s.name for s in worker.sources}
+    drafts = _Drafts(worker.sources, vocab_size)
     seen = {"policy": policy.name, "violations": [], "shaped": 0, "drafted": 0, "begins": 0, "ends": 0}
-    step = {"paths": {}, "succ": {}}
     dec._kit_policy = seen
-
-    for src in sources:
-        def spied_propose(state, _src=src, _propose=src.propose):
-            prop = _propose(state)
-            if prop is not None:
-                step["paths"].setdefault(_src.name, set()).update(_proposal_paths(prop))
-            return prop
-
-        src.propose = spied_propose
-        if src.provides_successors:
-            def spied_successors(token, prev, _src=src, _succ=src.successors):
-                ids, scores = _succ(token, prev)
-                step["succ"].setdefault((_src.name, int(token)), set()).update(int(t) for t in ids)
-                return ids, scores
-
-            src.successors = spied_successors
-
-    shape, begin, end = policy.shape, policy.begin, policy.end
+    shape = policy.shape
 
     def spied_shape(ctx):
-        step["paths"], step["succ"] = {}, {}
+        drafts.clear()
         tree = shape(ctx)
         seen["shaped"] += 1
         bad = seen["violations"]
@@ -635,23 +609,22 @@ def _policy_spy(dec, vocab_size: int) -> None:
         if out_of_vocab:
             bad.append(f"{where}: token ids {out_of_vocab[:3]} outside the vocabulary [0, {vocab_size})")
         if tree.sources is not None:
-            for i in range(1, tree.num_nodes):
-                path = _path(tree, i)
-                for name in tree.sources[i]:
-                    if name not in names:
-                        bad.append(f"{where}: node {i} is credited to {name!r}, not a composed source ({sorted(names)})")
-                    elif path not in step["paths"].get(name, ()) and \
-                            tree.tokens[i] not in step["succ"].get((name, tree.tokens[tree.parents[i]]), ()):
-                        bad.append(f"{where}: node {i} (path {path}) is credited to {name!r}, which did not draft it "
-                                   "this step (neither a path of its proposal nor a successor it gave)")
+            bad += [f"{where}: node {i} is credited to {name!r}, not a composed source ({sorted(names)})"
+                    for i in range(1, tree.num_nodes) for name in tree.sources[i] if name not in names]
+            bad += [f"{where}: node {i} (path {path}) is credited to {name!r}, which did not draft it this step "
+                    "(neither a path of its proposal nor a successor it gave)"
+                    for i, name, path in drafts.undrafted(tree, names)]
         return tree
 
-    def spied_begin(request):
-        seen["begins"] += 1
-        return begin(request)
+    policy.shape = spied_shape
+    policy.begin = _counted(seen, "begins", policy.begin)
+    policy.end = _counted(seen, "ends", policy.end)
 
-    def spied_end(output):
-        seen["ends"] += 1
-        return end(output)
 
-    policy.shape, policy.begin, policy.end = spied_shape, spied_begin, spied_end
+def _counted(seen: dict, key: str, fn: Callable) -> Callable:
+    """``fn``, counting its calls in ``seen[key]``."""
+    def counted(*args):
+        seen[key] += 1
+        return fn(*args)
+
+    return counted
