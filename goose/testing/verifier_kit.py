@@ -3,14 +3,20 @@ Goose's exact toy model, where every logit row is known without a forward pass."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 
+import goose
 from goose.interfaces import DraftSource, Options, Verified, Verifier
-from goose.sampling import Sampling, build_processors
-from goose.testing.kit import ArbitraryTreeSource
-from goose.testing.toy import reference_greedy, reference_logits, reference_next
+from goose.manager import build_component
+from goose.testing.kit import ArbitraryTreeSource, _proposal_paths, _ToyKit, given, settings, st
+from goose.testing.toy import ToySplitLM, reference_logits, reference_next
+from goose.tree import DraftTree
+from goose.verifiers import latency
 
 
 class PrefillRowsOptions(Options):
@@ -44,125 +50,75 @@ def _rows_equal(got: torch.Tensor, want: torch.Tensor) -> bool:
     return got.shape == want.shape and torch.equal(got.detach().to(torch.float32).cpu(), want)
 
 
-class VerifierLosslessnessKit:
-    """The checks a verifier must pass, as a pytest base class: subclass it in your plugin's tests and
-    implement :meth:`make_verifier`. Every check composes your verifier on Goose's exact toy model
-    (``goose.testing.ToySplitLM``: each position's logits are a known integer function of what it may attend
-    to, so a mask, position or cache fault changes them) with :class:`~goose.testing.ArbitraryTreeSource`
-    (trees of every shape mixing the toy's greedy tokens and wrong ones, verified as proposed by the
-    ``proposal`` policy) and :class:`PrefillRowsSource` (asks the prefill for drawn trailing rows):
+class VerifierLosslessnessKit(_ToyKit):
+    """The checks a verifier must pass, as a pytest base class: subclass it in your plugin's tests and implement
+    :meth:`make_verifier`. Every check composes the verifier on :class:`~goose.testing.ToySplitLM` with
+    :class:`~goose.testing.ArbitraryTreeSource` under the ``proposal`` policy and :class:`PrefillRowsSource`, and
+    checks every pass as it leaves the verifier. docs/plugins.md lists the tests and the attributes."""
 
-    - ``test_lossless_on_toy``: output identical to greedy decoding (``reference_greedy``) for drawn prompts,
-      lengths, budgets, stop tokens and trees;
-    - ``test_passes_are_exact``: every pass the verifier returns, checked as it leaves it: a ``Verified``
-      with one logit row per token; the prefill's rows are the prompt's last ``keep`` positions (or the last
-      one, with ``rest`` set), each row the toy's logits there, ``bonus`` the greedy first token; a tree
-      pass has one row per node, ``tokens`` the tree's, ``predecessors`` the parents' tokens, each row the
-      toy's logits after the node's path, ``argmax`` its greedy token, ``path`` / ``accepted`` / ``bonus``
-      the greedy walk (the longest path whose every node is the greedy token after its parent);
-    - ``test_deferred_prefill_rows``: a source asking for k trailing rows observes the prefill once, with
-      min(k, prompt length) rows, each the toy's (also when the generation ends at its first token, where
-      the last row is enough);
-    - ``test_end_once_per_generation``: ``end`` once per ``generate``, also when a generation raises
-      (a source that fails mid-way), and the decoder's next generations identical to greedy (nothing left
-      in the cache);
-    - ``test_sampling_is_seed_identical``: with ``supports_rules``, sampling (temperature, top-k) with a
-      seeded generator draws what one-token sampling of the toy draws; without it, a sampling request is
-      refused with an ``InvalidInputError`` naming the verifier;
-    - ``test_speed_protocol``: the verifier's speed protocol (``timing_key``, ``pass_forms``, ``form_serves``,
-      ``time_pass``, ``forms_kept``) calibrates it (``goose.verifiers.latency.measure``: positive times at every size,
-      each form only where it serves, a JSON key), and its output after the calibration is still greedy's.
-
-    Attributes a subclass may set: ``vocab_size`` (16), ``max_examples`` (20: Hypothesis examples per
-    property, a third for the slower ones), ``max_budget`` (24: the largest tree drawn), and
-    :meth:`make_model` (default ``ToySplitLM(vocab_size, eos_token_id=eos, max_positions=4096)``: the toy
-    built as transformers' causal LMs are, a decoder and an LM head applied apart, so that a verifier can
-    defer the prefill's rows as the built-in one does on real models; ``ToyCausalLM`` for one that cannot).
-    """
-
-    vocab_size = 16
     max_examples = 20
     max_budget = 24
+    _later_budgets = (2, 16)
 
     def make_verifier(self):  # pragma: no cover - to override
         """The verifier under test: a name, ``(name, options)`` or a new instance (one per call)."""
         raise NotImplementedError
 
     def make_model(self, eos: int | None = None):
-        from goose.testing.toy import ToySplitLM
-
+        """The model under test (``ToyCausalLM`` for a verifier that cannot apply the LM head apart)."""
         return ToySplitLM(self.vocab_size, eos_token_id=eos, max_positions=4096)
 
-    # -- building and running ---------------------------------------------------------------------
-    def _decoder(self, seed: int, budget: int, eos: int | None = None, rows: int = 1, p_oracle: float = 0.6,
-                 fail_at: int | None = None):
-        import goose
+    def _draws(self) -> dict:
+        return {"tree_seed": st.integers(0, 2**16)}
 
-        trees = ArbitraryTreeSource(ArbitraryTreeSource.Options(seed=seed, p_oracle=p_oracle, p_chain=0.5))
+    def _lossless_budgets(self) -> tuple[int, int]:
+        return 1, self.max_budget
+
+    def _decoder(self, tree_seed: int = 0, budget: int = 8, eos: int | None = None, rows: int = 1,
+                 p_oracle: float = 0.6, fail_at: int | None = None) -> SimpleNamespace:
+        """The verifier under test, spied on, composed on the toy: ``dec`` the decoder, ``seen`` the spy's record,
+        ``sources`` the sources by name."""
+        trees = ArbitraryTreeSource(ArbitraryTreeSource.Options(seed=tree_seed, p_oracle=p_oracle, p_chain=0.5))
         # the proposal policy verifies the first source's proposal: the failing one is asked first (it
         # proposes nothing until armed), the recorder last
         sources: list = [trees, PrefillRowsSource(PrefillRowsOptions(rows=rows))]
         if fail_at is not None:
             sources.insert(0, _FailingSource(fail_at))
-        spy = _Spy(_built(self.make_verifier()), self.vocab_size)
+        spy = _Spy(build_component("verifier", self.make_verifier(), Verifier, None), self.vocab_size)
         dec = goose.compose(self.make_model(eos), None, sources=sources, policy="proposal", verifier=spy, budget=budget)
-        return _Kit(dec, spy.seen, {s.name: s for s in sources})
+        return SimpleNamespace(dec=dec, seen=spy.seen, sources={s.name: s for s in sources})
 
-    def _run(self, kit, prompt: Sequence[int], max_new: int, eos: int | None = None):
-        out = kit.dec.generate(list(prompt), max_new_tokens=max_new, do_sample=False)
-        _raise_findings(kit.seen)
-        ref = reference_greedy(prompt, max_new, self.vocab_size, [] if eos is None else [eos])
-        assert out.token_ids == ref, f"diverged: got {out.token_ids}, greedy {ref}"
+    def _generate(self, kit, prompt, max_new: int, **kw):
+        out = kit.dec.generate(list(prompt), max_new_tokens=max_new, **kw)
+        if kit.seen["findings"]:
+            raise AssertionError(f"verifier {kit.seen['verifier']!r}: " + kit.seen["findings"][0])
         return out
 
-    # -- the checks --------------------------------------------------------------------------------
-    def test_lossless_on_toy(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        @settings(max_examples=self.max_examples, deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=30),
-               max_new=hs.integers(0, 40), budget=hs.integers(1, self.max_budget),
-               eos=hs.none() | hs.integers(0, self.vocab_size - 1), seed=hs.integers(0, 2**16))
-        def prop(prompt, max_new, budget, eos, seed):
-            self._run(self._decoder(seed, budget, eos), prompt, max_new, eos)
-
-        prop()
-
     def test_passes_are_exact(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
         @settings(max_examples=self.max_examples, deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=30),
-               max_new=hs.integers(2, 40), budget=hs.integers(2, self.max_budget), seed=hs.integers(0, 2**16),
-               rows=hs.integers(1, 40), p_oracle=hs.sampled_from([0.3, 0.7, 1.0]))
+        @given(prompt=self._prompt(30), max_new=st.integers(2, 40), budget=st.integers(2, self.max_budget),
+               seed=st.integers(0, 2**16), rows=st.integers(1, 40), p_oracle=st.sampled_from([0.3, 0.7, 1.0]))
         def prop(prompt, max_new, budget, seed, rows, p_oracle):
-            dec = self._decoder(seed, budget, rows=rows, p_oracle=p_oracle)
-            self._run(dec, prompt, max_new)
-            seen = dec.seen
-            assert seen["prefills"] == 1, f"prefill() was called {seen['prefills']} times for one generation"
-            assert seen["verified"] > 0, "verify() was never called"
+            kit = self._decoder(seed, budget, rows=rows, p_oracle=p_oracle)
+            self._check_greedy(kit, prompt, max_new, None)
+            assert kit.seen["prefills"] == 1, f"prefill() was called {kit.seen['prefills']} times for one generation"
+            assert kit.seen["verified"] > 0, "verify() was never called"
 
         prop()
 
     def test_deferred_prefill_rows(self):
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
         @settings(max_examples=max(1, self.max_examples // 2), deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=30),
-               max_new=hs.sampled_from([1, 2, 12]), rows=hs.integers(1, 40), seed=hs.integers(0, 2**16))
+        @given(prompt=self._prompt(30), max_new=st.sampled_from([1, 2, 12]), rows=st.integers(1, 40),
+               seed=st.integers(0, 2**16))
         def prop(prompt, max_new, rows, seed):
-            dec = self._decoder(seed, 8, rows=rows)
-            self._run(dec, prompt, max_new)
-            recorder = dec.sources[PrefillRowsSource.name]
+            kit = self._decoder(seed, 8, rows=rows)
+            self._check_greedy(kit, prompt, max_new, None)
+            recorder = kit.sources[PrefillRowsSource.name]
             assert len(recorder.seen) == 1, f"the prefill was observed {len(recorder.seen)} times"
             v = recorder.seen[0]
-            want = min(rows, len(prompt))
             n = int(v.tokens.shape[0])
-            if max_new == 1 and n == 1:
-                want = 1  # ended at its first token: the deferred rows were never needed
+            # ended at its first token (max_new 1, one row): the deferred rows were never needed
+            want = 1 if max_new == 1 and n == 1 else min(rows, len(prompt))
             assert n == want, (
                 f"a source asked for {rows} prefill rows of a {len(prompt)}-token prompt and observed {n} "
                 f"(want {want}); a deferred prefill's Verified.rest must return every row the loop asked for")
@@ -172,71 +128,39 @@ class VerifierLosslessnessKit:
         prop()
 
     def test_end_once_per_generation(self):
-        import goose
-
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
         @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
-        @given(prompts=hs.lists(hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
-                                min_size=2, max_size=4),
-               max_new=hs.integers(20, 30), seed=hs.integers(0, 2**16), fail_at=hs.integers(1, 6))
+        @given(prompts=st.lists(self._prompt(20), min_size=2, max_size=4), max_new=st.integers(20, 30),
+               seed=st.integers(0, 2**16), fail_at=st.integers(1, 6))
         def prop(prompts, max_new, seed, fail_at):  # a 12-node budget: the failing step comes before the end
-            dec = self._decoder(seed, 12, fail_at=fail_at)
-            failing = dec.sources[_FailingSource.name]
+            kit = self._decoder(seed, 12, fail_at=fail_at)
+            failing = kit.sources[_FailingSource.name]
             failing.armed = True
             try:
-                dec.dec.generate(list(prompts[0]), max_new_tokens=max_new, do_sample=False)
+                kit.dec.generate(list(prompts[0]), max_new_tokens=max_new, do_sample=False)
             except goose.DraftSourceError:
                 pass
             else:
                 raise AssertionError("the failing source's error did not reach generate()")
-            seen = dec.seen
-            assert seen["ends"] == 1, f"a generation that raised called end() {seen['ends']} times"
+            assert kit.seen["ends"] == 1, f"a generation that raised called end() {kit.seen['ends']} times"
             failing.armed = False
             for i, prompt in enumerate(prompts, start=2):
-                self._run(dec, prompt, max_new)
-                assert seen["ends"] == i, f"{i} generations, end() called {seen['ends']} times"
+                self._check_greedy(kit, prompt, max_new, None)
+                assert kit.seen["ends"] == i, f"{i} generations, end() called {kit.seen['ends']} times"
 
         prop()
 
     def test_sampling_is_seed_identical(self):
-        import goose
         import pytest
 
-        from hypothesis import given, settings
-        from hypothesis import strategies as hs
-
-        from goose.testing.toy import reference_sample
-
-        probe = self._decoder(0, 8)
-        if not probe.dec.verifier.supports_rules:
-            with pytest.raises(goose.InvalidInputError, match=repr(probe.dec.verifier.name)):
-                probe.dec.generate([1, 2, 3], max_new_tokens=4, do_sample=True, seed=0)
+        probe = self._decoder().dec
+        if not probe.verifier.supports_rules:
+            with pytest.raises(goose.InvalidInputError, match=repr(probe.verifier.name)):
+                probe.generate([1, 2, 3], max_new_tokens=4, do_sample=True, seed=0)
             return
-
-        @settings(max_examples=max(1, self.max_examples // 3), deadline=None)
-        @given(prompt=hs.lists(hs.integers(0, self.vocab_size - 1), min_size=1, max_size=20),
-               max_new=hs.integers(8, 30), seed=hs.integers(0, 2**16), budget=hs.integers(2, 16),
-               temperature=hs.sampled_from([0.5, 1.0, 1.5]), top_k=hs.sampled_from([None, 4]))
-        def prop(prompt, max_new, seed, budget, temperature, top_k):
-            dec = self._decoder(seed, budget)
-            p = {"do_sample": True, "temperature": temperature, "top_k": top_k}
-            out = dec.dec.generate(prompt, max_new_tokens=max_new, generator=torch.Generator().manual_seed(seed), **p)
-            procs = build_processors(Sampling(**p), len(prompt), [])
-            ref = reference_sample(prompt, max_new, self.vocab_size, procs, torch.Generator().manual_seed(seed))
-            assert out.token_ids == ref, f"sampling diverged: got {out.token_ids}, one-token sampling {ref}"
-
-        prop()
-
+        super().test_sampling_is_seed_identical()
 
     def test_speed_protocol(self):
-        import json
-
-        from goose.verifiers import latency
-        from goose.tree import DraftTree
-
-        kit = self._decoder(0, 8)
+        kit = self._decoder()
         ver = kit.dec.verifier
         key = ver.timing_key()
         assert isinstance(key, dict) and json.loads(json.dumps(key)) == key, f"timing_key() {key!r} is not a JSON dict"
@@ -255,7 +179,7 @@ class VerifierLosslessnessKit:
         for form, ns in curve.forms:
             assert form in forms and all(ver.form_serves(form, n) for n in ns), (
                 f"the calibration listed form {form!r} at sizes {list(ns)}: not a pass form serving them")
-        self._run(kit, [1, 2, 3, 1, 2], 12)  # the verifier still decodes greedily after its calibration
+        self._check_greedy(kit, [1, 2, 3, 1, 2], 12, None)  # the verifier still decodes greedily after its calibration
 
 
 class _FailingSource(DraftSource):
@@ -273,21 +197,20 @@ class _FailingSource(DraftSource):
         return None
 
 
-class _Kit:
-    """A kit's decoder (``dec``), its spy's record (``seen``) and the sources it composed, by name."""
-
-    def __init__(self, dec, seen: dict, sources: dict):
-        self.dec, self.seen, self.sources = dec, seen, sources
-
-
-def _built(spec) -> Verifier:
-    from goose.manager import build_component
-
-    return build_component("verifier", spec, Verifier, None)
+def _check_prefill(prompt: list[int], v: Verified, vocab: int, keep: int | None, greedy: bool) -> None:
+    """A prefill record: its rows (:func:`_check_prefill_rows`), where ``greedy`` its bonus, and without a deferred
+    ``rest`` the last ``keep`` positions' rows (asserted)."""
+    _check_prefill_rows(prompt, v, vocab)
+    want = reference_next(prompt, vocab)
+    assert v.bonus == want or not greedy, f"the prefill's bonus {v.bonus} is not the greedy first token {want}"
+    n = int(v.tokens.shape[0])
+    assert v.rest is not None or keep is None or n == min(keep, len(prompt)), (
+        f"prefill(keep={keep}) returned {n} rows and no deferred rest; it must return the last keep positions' rows")
 
 
-def _check_prefill_rows(prompt: list[int], v: Verified, vocab: int) -> None:
-    """The prefill record's rows are the prompt's last positions, each the toy's logits there (asserted)."""
+def _check_prefill_rows(prompt: list[int], v: Verified, vocab: int, keep: int | None = None) -> None:
+    """The prefill record's rows are the prompt's last positions, each the toy's logits there; with ``keep``
+    (a deferred ``rest``'s record), the last ``keep`` of them (asserted)."""
     n = int(v.tokens.shape[0])
     assert int(v.logits.shape[0]) == n, f"the prefill record has {int(v.logits.shape[0])} logit rows for {n} tokens"
     assert 1 <= n <= len(prompt), f"the prefill record covers {n} positions of a {len(prompt)}-token prompt"
@@ -302,6 +225,9 @@ def _check_prefill_rows(prompt: list[int], v: Verified, vocab: int) -> None:
         assert _rows_equal(v.logits[r : r + 1], want), (
             f"prefill logit row {r} (prompt position {j}) is not the model's: got {v.logits[r].tolist()}, "
             f"want {want[0].tolist()}")
+    assert keep is None or n == min(keep, len(prompt)), (
+        f"the deferred prefill rows cover {n} positions; the loop asked for keep={keep} of a {len(prompt)}-token "
+        "prompt")
 
 
 def _check_tree_pass(ctx: list[int], tree, v: Verified, vocab: int) -> None:
@@ -312,11 +238,9 @@ def _check_tree_pass(ctx: list[int], tree, v: Verified, vocab: int) -> None:
         f"verify() of a {n}-node tree returned {int(v.tokens.shape[0])} tokens and {int(v.logits.shape[0])} rows")
     assert v.tokens.tolist() == list(tree.tokens), "the pass's tokens are not the tree's"
     assert tree.tokens[0] == ctx[-1], f"the tree's root {tree.tokens[0]} is not the last committed token {ctx[-1]}"
-    paths: list[list[int]] = []
+    paths = [list(p[1:]) for p in _proposal_paths(tree)]
     want_argmax = []
     for i in range(n):
-        p = tree.parents[i]
-        paths.append([] if p < 0 else paths[p] + [tree.tokens[i]])
         want = reference_logits(ctx + paths[i], vocab)
         assert _rows_equal(v.logits[i : i + 1], want), (
             f"tree node {i} (path {paths[i]}): its logit row is not the model's after that path: got "
@@ -327,22 +251,18 @@ def _check_tree_pass(ctx: list[int], tree, v: Verified, vocab: int) -> None:
         want_pred = [-1 if p < 0 else tree.tokens[p] for p in tree.parents]
         got = v.predecessors.tolist()
         assert got[1:] == want_pred[1:], f"the pass's predecessors {got} are not the parents' tokens {want_pred}"
-    path, node = [0], 0
-    while True:
-        nxt = [c for c in range(n) if tree.parents[c] == node and tree.tokens[c] == want_argmax[node]]
-        if not nxt:
-            break
-        node = nxt[0]
-        path.append(node)
+    path = [0]
+    while nxt := [c for c in tree.children[path[-1]] if tree.tokens[c] == want_argmax[path[-1]]]:
+        path.append(nxt[0])
     assert tuple(v.path) == tuple(path), f"the walk's path {v.path} is not the greedy walk's {tuple(path)}"
     accepted = tuple(tree.tokens[i] for i in path[1:])
     assert tuple(v.accepted) == accepted, f"accepted {v.accepted} is not the greedy walk's {accepted}"
     assert v.bonus == want_argmax[path[-1]], f"bonus {v.bonus} is not the greedy token {want_argmax[path[-1]]}"
 
 
-def _raise_findings(seen: dict) -> None:
-    if seen["findings"]:
-        raise AssertionError(f"verifier {seen['verifier']!r}: " + seen["findings"][0])
+def _inner(name: str):
+    """A method that calls the inner verifier's ``name``."""
+    return lambda self, *args: getattr(self.inner, name)(*args)
 
 
 class _Spy(Verifier):
@@ -361,9 +281,6 @@ class _Spy(Verifier):
         self.inner.bind(model)
         self.vocab_size, self.max_positions = self.inner.vocab_size, self.inner.max_positions
 
-    def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
-        self.inner.check_request(prompt_len, max_new_tokens, max_depth)
-
     def _check(self, fn, *args) -> None:
         try:
             fn(*args)
@@ -371,36 +288,21 @@ class _Spy(Verifier):
             self.seen["findings"].append(str(exc))
 
     def prefill(self, prompt_ids, keep=None, rule=None):
-        seen, vocab, check = self.seen, self.vocab, self._check
-        seen["prefills"] += 1
+        self.seen["prefills"] += 1
         v = self.inner.prefill(prompt_ids, keep) if rule is None else self.inner.prefill(prompt_ids, keep, rule=rule)
         prompt = [int(t) for t in prompt_ids.tolist()]
         if isinstance(v, Verified):
-            check(_check_prefill_rows, prompt, v, vocab)
-            if v.bonus != reference_next(prompt, vocab) and rule is None:
-                seen["findings"].append(f"the prefill's bonus {v.bonus} is not the greedy first token "
-                                        f"{reference_next(prompt, vocab)}")
+            self._check(_check_prefill, prompt, v, self.vocab, keep, rule is None)
             if v.rest is not None and keep is not None and keep > 1:
-                inner_rest = v.rest
-
-                def checked_rest():
-                    full = inner_rest()
-                    if full is not None:
-                        check(_check_prefill_rows, prompt, full, vocab)
-                        if int(full.tokens.shape[0]) != min(keep, len(prompt)):
-                            seen["findings"].append(
-                                f"the deferred prefill rows cover {int(full.tokens.shape[0])} positions; the loop "
-                                f"asked for keep={keep} of a {len(prompt)}-token prompt")
-                    return full
-
-                from dataclasses import replace
-
-                v = replace(v, rest=checked_rest)
-            elif v.rest is None and keep is not None and int(v.tokens.shape[0]) != min(keep, len(prompt)):
-                seen["findings"].append(f"prefill(keep={keep}) returned {int(v.tokens.shape[0])} rows and no "
-                                        "deferred rest; it must return the last keep positions' rows")
-        seen["ctx"] = prompt + ([int(v.bonus)] if isinstance(v, Verified) and v.bonus is not None else [])
+                v = replace(v, rest=functools.partial(self._checked_rest, v.rest, prompt, keep))
+        self.seen["ctx"] = prompt + ([int(v.bonus)] if isinstance(v, Verified) and v.bonus is not None else [])
         return v
+
+    def _checked_rest(self, rest, prompt: list[int], keep: int) -> Verified | None:
+        full = rest()
+        if full is not None:
+            self._check(_check_prefill_rows, prompt, full, self.vocab, keep)
+        return full
 
     def verify(self, tree, rule=None):
         seen = self.seen
@@ -415,20 +317,10 @@ class _Spy(Verifier):
         self.seen["ends"] += 1
         self.inner.end()
 
-    def stats(self) -> dict:
-        return self.inner.stats()
-
-    def timing_key(self) -> dict:
-        return self.inner.timing_key()
-
-    def pass_forms(self) -> tuple[str, ...]:
-        return self.inner.pass_forms()
-
-    def form_serves(self, form: str, rows: int) -> bool:
-        return self.inner.form_serves(form, rows)
-
-    def time_pass(self, tree, form=None) -> float:
-        return self.inner.time_pass(tree, form)
-
-    def forms_kept(self, forms: frozenset[str]) -> None:
-        self.inner.forms_kept(forms)
+    check_request = _inner("check_request")
+    stats = _inner("stats")
+    timing_key = _inner("timing_key")
+    pass_forms = _inner("pass_forms")
+    form_serves = _inner("form_serves")
+    time_pass = _inner("time_pass")
+    forms_kept = _inner("forms_kept")
