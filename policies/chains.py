@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import mul
 
 from goose.interfaces import DraftContext, Proposal
 from goose.policies.rates import SourceRates
@@ -182,11 +184,8 @@ class Trie:
             if d.probs is None:
                 reach = rates.reach(key, n, fork)
             else:  # the source's measured reach to the fork, then the proposal's own odds of this path
-                r = rates.reach(key, fork)[-1] if fork else 1.0
-                reach = []
-                for p in d.probs[fork : fork + n]:
-                    r *= p
-                    reach.append(r)
+                start = rates.reach(key, fork)[-1] if fork else 1.0
+                reach = list(accumulate(d.probs[fork : fork + n], mul, initial=start))[1:]
             for j, r in enumerate(reach):
                 t = d.tokens[fork + j]
                 c = self.kids.get(node, {}).get(t)

@@ -156,14 +156,13 @@ class FitPolicy(TreePolicy):
             items = sorted((int(k), float(v)) for k, v in o.latency.items())
             self.curve = latency.LatencyCurve(tuple(k for k, _ in items), tuple(v for _, v in items))
         self._t: list[float] | None = None  # the curve's latency by tree size (attach, or the first fit)
-        # {source: tiers} (None: each bound source's stored tiers, read at bind) and (lead source, tier) -> (p_1,
-        # p_deeper): where that tier's spine rates start
         self._set_priors(o.source_priors or {})
         self.observed: Counter = Counter()  # latency, calibration and exploration sums (carried)
         self.route_counts: dict[Route, Counts] = {}  # acceptance counts per route (carried)
         self.begin(None)
 
     def _set_priors(self, priors: dict) -> None:
+        """``priors``: ``{source: tiers}``, highest floor first; ``_starts``: (source, floor) -> (p_1, p_deeper)."""
         self.priors = priors
         self._starts = {
             (source, floor): (p1, deeper) for source, tiers in priors.items() for floor, p1, deeper in tiers
@@ -178,9 +177,8 @@ class FitPolicy(TreePolicy):
 
     def attach(self, model, verifier) -> None:
         self.inner.attach(model, verifier)
-        if self.options.source_priors is None:  # the tiers `goose tiers` stored for each chain source with this model
-            found = measured_tiers.for_sources(self._sources, model)
-            self._set_priors({name: sorted(t, key=lambda x: -x[0]) for name, t in found.items()})
+        if self.options.source_priors is None:  # the stored tiers (load checks them highest floor first)
+            self._set_priors(measured_tiers.for_sources(self._sources, model))
         if self.curve is None:
             self.curve = latency.curve_for(model, verifier)
         self._t = self.curve.table(512)
@@ -490,28 +488,21 @@ class FitPolicy(TreePolicy):
             ob["explore_lost"] += max(0.0, cost - len(verified.path) * plain)
 
     def stats(self) -> dict:
-        c = self.counts
-        out = dict(self.inner.stats())
-        out.update(
-            fit_fallback_steps=c["fallback_steps"],
-            fit_explore_steps=c["explore_steps"],
-            fit_steps=c["fitted_steps"],
-            fit_nodes_offered=c["nodes_offered"],
-            fit_nodes_kept=c["nodes_kept"],
-            fit_lead_offered=c["lead_offered"],
-            fit_lead_kept=c["lead_kept"],
-            fit_predicted_tokens=round(float(c["predicted_tokens"]), 3),
-            fit_predicted_steps_tokens=c["predicted_steps_tokens"],
-            fit_model_misfits=c["model_misfits"],
-            fit_shadow_trials=c["shadow_trials"],
-            fit_continued_steps=c["continued_steps"],
-            fit_latency_ratio_single=round(self._ratios()[0], 3) if self._t is not None else None,
-            fit_latency_ratio_tree=round(self._ratios()[1], 3) if self._t is not None else None,
-            fit_gain_scale=round(self._kappa(), 3),
-            fit_explore_lost_share=round(self.observed["explore_lost"] / self.observed["time"], 4)
-            if self.observed["time"] else 0.0,
-        )
-        return out
+        c, ob = self.counts, self.observed
+        single, tree = (round(r, 3) for r in self._ratios()) if self._t is not None else (None, None)
+        return {
+            **self.inner.stats(),
+            **{f"fit_{k}": c[k] for k in ("fallback_steps", "explore_steps")},
+            "fit_steps": c["fitted_steps"],
+            **{f"fit_{k}": c[k] for k in ("nodes_offered", "nodes_kept", "lead_offered", "lead_kept")},
+            "fit_predicted_tokens": round(float(c["predicted_tokens"]), 3),
+            **{f"fit_{k}": c[k] for k in ("predicted_steps_tokens", "model_misfits", "shadow_trials",
+                                          "continued_steps")},
+            "fit_latency_ratio_single": single,
+            "fit_latency_ratio_tree": tree,
+            "fit_gain_scale": round(self._kappa(), 3),
+            "fit_explore_lost_share": round(ob["explore_lost"] / ob["time"], 4) if ob["time"] else 0.0,
+        }
 
 
 _View = namedtuple("_View", "parents origins")  # a tree as the acceptance model reads it, side chains relabelled

@@ -85,9 +85,7 @@ class IsotropicPolicy(MergingPolicy):
                     trie.add(i, t, origin, who)
                     on_chain.append(at)
             i += 1
-        if len(trie.tokens) < 2:
-            return None
-        return trie.tree("iso", **meta)
+        return trie.tree("iso", **meta) if len(trie.tokens) > 1 else None
 
     def stats(self) -> dict:
         return {"source_rates": self.rates.snapshot()}
@@ -169,9 +167,7 @@ class TRTreePolicy(TreePolicy):
                 node_of.append(-1)
                 continue
             node_of.append(trie.add(pn, ids[r], ROOT_BRANCH if pn == 0 else BRANCH, by[r]))
-        if len(trie.tokens) < 2:
-            return None
-        return trie.tree("tr")
+        return trie.tree("tr") if len(trie.tokens) > 1 else None
 
 
 @hookimpl(trylast=True)

@@ -1,14 +1,8 @@
-"""The chain sources' acceptance table, learned online.
+"""The chain sources' acceptance table (:class:`SourceRates`), learned online by the merging policies, ``chain``
+and the vLLM proposer.
 
 Every rate Goose learns is :func:`goose.branches.shrunk` (re-exported here): ``hits`` in ``trials`` pulled
-toward a ``prior`` by ``weight`` pseudo-observations. Its users differ in what they count:
-
-- :class:`SourceRates` (here): a chain source's token at depth d right given the tokens before it were, per
-  source and confidence tier (the merging policies, ``chain``, the vLLM proposer);
-- :class:`goose.branches.BranchRates`: a successor source's rank-r token the target's next token;
-- ``spine-fit`` (policies/fit.py): each tree node class's acceptance;
-- the vLLM proposer (goose/vllm/proposer.py): a request's accepted tokens over what its drafts were expected
-  to give.
+toward a ``prior`` by ``weight`` pseudo-observations.
 """
 
 from __future__ import annotations

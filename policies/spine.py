@@ -19,6 +19,7 @@ import threading
 from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -29,9 +30,8 @@ from goose.branches import Successors
 from goose.hookspecs import hookimpl
 from goose.interfaces import DraftContext, DraftSource, Options, Request, TreePolicy, Verified
 from goose.policies.chains import (LEAD, SIDE, Merged, Trie, chain_tree, gather, gather_alternatives, laid_out,
-                                   merge, rank)
-from goose.policies.merge import MIN_SCORE, TRUST_MIN, MergingPolicy, RatedPolicy, resolve_spine_source
-from goose.policies.rates import SourceRates
+                                   lead_path, merge, rank)
+from goose.policies.merge import EXTENSION, MIN_SCORE, TRUST_MIN, MergingPolicy, RatedPolicy, resolve_spine_source
 from goose.tree import DraftTree
 
 BRANCH = "branch"
@@ -40,8 +40,6 @@ ROOT_BRANCH = "root-branch"
 # the spine tree's internal tuning (the paper's values where it gives them)
 SIDE_SHARE = 0.5  # at most this share of the branch budget goes to other sources' side chains
 SIDE_MIN = 0.05  # a side chain's node is drafted while its rate of being right from the fork on is at least this
-RATE_PRIOR, RATE_WEIGHT = 0.25, 4.0  # a chain source's per-depth acceptance before it is measured, and its weight
-RATE_CARRY = 0.5  # share of the measured source rates carried into the decoder's next generation
 TIER_CUTOFFS = (0.2, 0.4)  # spine-acceptance EMA cut-offs between the tiers of the spine's budget share
 EMA_INIT, EMA_WEIGHT = 0.5, 0.3  # the spine acceptance EMA: its start per request, the newest cycle's weight
 SPINE_BRANCH_SHARE = 0.5  # share of the branch budget hung off spine nodes (the rest under the root)
@@ -84,7 +82,7 @@ class SpineOptions(Options):
         "shift and chain extension (off: base budget, the unextended match, no bypass)",
         json_schema_extra={"why": "off: the ablation without the confidence signal (preset spine-nobypass)"},
     )
-    extension: int = Field(40, ge=0, description="extra nodes a fully confident cycle may use",
+    extension: int = Field(EXTENSION, ge=0, description="extra nodes a fully confident cycle may use",
         json_schema_extra={"why": "how many extra nodes a confident step may use: what a large tree costs depends on the device"},
     )
     trust_min: float = Field(
@@ -129,9 +127,6 @@ class SpinePolicy(MergingPolicy):
 
     def extension(self) -> int:
         return self.options.extension
-
-    def make_rates(self) -> SourceRates:
-        return SourceRates(RATE_PRIOR, RATE_WEIGHT, carry=RATE_CARRY)
 
     def begin(self, request: Request | None) -> None:
         self.ema = EMA_INIT
@@ -178,8 +173,7 @@ class SpinePolicy(MergingPolicy):
         if n <= 0:
             return None
         trie, added = self.spine_trie(ctx, merged, n, budget - 1 - n)
-        route = "paths" if added else "path"
-        return trie.tree(route, spine_len=n, confidence=merged.confidence, chains=merged.chains)
+        return trie.tree("paths" if added else "path", spine_len=n, confidence=merged.confidence, chains=merged.chains)
 
     def build(self, ctx: DraftContext, merged: Merged, conf: float, budget: int, root: Successors) -> DraftTree | None:
         """Algorithm 1: spine (and side chains), root branches, harmonic spine branches, BFS extension."""
@@ -193,19 +187,15 @@ class SpinePolicy(MergingPolicy):
         trie, added = self.spine_trie(ctx, merged, L, int((budget - 1 - L) * SIDE_SHARE))
         branch_budget = budget - 1 - L - added
         tokens, parents, depths = trie.tokens, trie.parents, trie.depths
-        spine_share = 0
-        if L and branch_budget > 0 and o.spine_branches:
-            spine_share = max(1, int(branch_budget * SPINE_BRANCH_SHARE))
+        branched_spine = L and branch_budget > 0 and o.spine_branches
+        spine_share = max(1, int(branch_budget * SPINE_BRANCH_SHARE)) if branched_spine else 0
         frontier: deque = deque()
 
         def attach(parent: int, depth: int, succ: Successors, limit: int, label: str, width: int | None = None) -> int:
             """Hang up to ``limit`` of the first ``width`` successors (best first, scoring at least MIN_SCORE, not
             already a child) on a node, each credited to the sources that proposed it; returns how many."""
             attached = 0
-            ids, scores, vouch = succ
-            if width is not None:
-                ids, scores = ids[:width], scores[:width]
-            for t, s, by in zip(ids, scores, vouch):
+            for t, s, by in islice(zip(*succ), width):
                 if attached >= limit or s < MIN_SCORE:
                     break
                 if t in trie.kids.get(parent, ()):
@@ -233,9 +223,7 @@ class SpinePolicy(MergingPolicy):
                 continue
             width = min(max(1, min(len(succ.ids), math.ceil(remaining * score))), max(1, TOP_K // d))
             remaining -= attach(node, d + 1, succ, remaining, BRANCH, width)
-        if len(tokens) < 2:
-            return None
-        return trie.tree("branched", spine_len=L, confidence=conf, chains=merged.chains)
+        return trie.tree("branched", spine_len=L, confidence=conf, chains=merged.chains) if len(tokens) > 1 else None
 
     # -- learning and reporting ------------------------------------------------------------------
     def observe(self, verified: Verified) -> None:
@@ -255,11 +243,9 @@ class SpinePolicy(MergingPolicy):
             c["continuation_tokens"] += accepted["branch"]
         if drafted["lead"] and verified.walk == "greedy":
             # Per-cycle dominance (Prop. 4): re-walk the spine alone with the target's argmax.
-            children, toks, am = tree.children, tree.tokens, verified.argmax
             node, chain_len = 0, 0
-            while True:
-                nxt = next((ch for ch in children[node] if origins[ch] == LEAD), None)
-                if nxt is None or toks[nxt] != am[node]:
+            for nxt in lead_path(tree):
+                if tree.tokens[nxt] != verified.argmax[node]:
                     break
                 node, chain_len = nxt, chain_len + 1
             c["dominance_cycles"] += 1
@@ -342,7 +328,6 @@ class BypassPolicy(RatedPolicy):
         self._spine: str | None = None
         self._chains: tuple[str, ...] = ()
         self._bound = False
-        self._thresholds: dict[int, int] = {}
         self.begin(None)
 
     def bind(self, sources: Sequence[DraftSource]) -> None:
@@ -375,10 +360,8 @@ class BypassPolicy(RatedPolicy):
 
     def threshold(self, budget: int) -> int:
         """The shortest chain that bypasses at ``budget``: ``min_length``, else the inner policy's largest tree."""
-        if budget not in self._thresholds:
-            t = self.options.min_length
-            self._thresholds[budget] = max(1, self.inner.max_nodes(budget) - 1) if t is None else t
-        return self._thresholds[budget]
+        t = self.options.min_length
+        return max(1, self.inner.max_nodes(budget) - 1) if t is None else t
 
     def _bypasses(self, lead, trusted: float, budget: int) -> bool:
         return (lead is not None and lead.confidence >= BYPASS_CONFIDENCE and trusted > 0.0

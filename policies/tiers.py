@@ -1,18 +1,11 @@
 """A chain source's measured acceptance per confidence tier: where a policy starts its trust in a chain.
 
-A proposal carries a ``confidence`` in [0, 1]; a policy that learns each source's acceptance as it decodes
-starts a chain's rates at its tier's:
-
-    [(floor, p_1, p_deeper), ...]   highest floor first; the first floor a chain's confidence reaches wins
-
-``p_1``: how often the first token of a fresh request's first such proposal held; ``p_deeper``: how often
-depth d >= 2 held given depth d - 1 held. :func:`measure` replays each prompt's greedy output and asks the
-source at every position what it proposes; :func:`summarize` turns those proposals into tiers (Wilson score
-lower bounds: pessimistic where the trials are few). ``goose tiers --source NAME`` does both and writes the
-record (:func:`save`); :func:`load` finds it by the source's name, its ``DraftSource.version`` and the model
-(:func:`model_key`: what proposals are worth depends on the model that verifies them), first in the user
-store (:func:`store_dir`), then in ``goose/data/tiers/``. A model with no file starts every chain at the
-policies' pessimistic prior. :func:`for_sources` is the lookup every policy uses.
+Tiers are ``[(floor, p_1, p_deeper), ...]``, highest floor first; a chain belongs to the first floor its
+confidence reaches. ``p_1``: how often the first token of a fresh request's first such proposal held;
+``p_deeper``: how often depth d >= 2 held given d - 1 held. ``goose tiers --source NAME`` measures them
+(:func:`measure`, :func:`summarize`: Wilson lower bounds) and writes the record (:func:`save`); :func:`load`
+finds it by source name, ``DraftSource.version`` and :func:`model_key`, in the user store, then in
+``goose/data/tiers/``. :func:`for_sources` is the lookup every policy uses; docs/plugins.md, "N sources".
 
 The record ``<source>@<version>@<model>.json`` holds::
 
@@ -114,9 +107,8 @@ def file_name(source: str, version, model=None) -> str:
 
 def load(source: str, version, model) -> list[tuple[float, float, float]] | None:
     """The tiers measured for ``source`` at ``version`` with ``model`` (a model or a :func:`model_key`), highest
-    floor first: the user store's file, else the shipped one; None when neither has one. A malformed file
-    raises :class:`InvalidInputError` naming it. Read afresh on every call, so what ``goose tiers`` just
-    wrote is what the next call sees."""
+    floor first, from the user store, else the shipped ones; None when neither has them. Read afresh on every
+    call; a malformed file raises :class:`InvalidInputError` naming it."""
     key = model_key(model)
     try:
         names = (file_name(source, version, key), file_name(source, version))
@@ -280,13 +272,11 @@ def _prompt_ids(tokenizer, text) -> list[int]:
 
 
 def measure(source, model, tokenizer, prompts, max_new_tokens: int, progress=None) -> list[dict]:
-    """Every proposal ``source`` (a chain source instance) makes along each prompt's greedy output.
+    """Every proposal ``source`` (a chain source, deep-copied per prompt) makes along each prompt's greedy output.
 
-    ``prompts``: objects with ``.text`` (a string, or token ids), ``.dataset`` and ``.id``. Per prompt a
-    fresh deep copy of ``source`` is asked (:func:`goose.interfaces.call_source`) at every position i what
-    follows the prompt and the i tokens before; a tree proposal counts its first chain. One row per proposal:
-    dataset, prompt (id), pos, confidence, n (tokens), accepted (how many the output continues with), left
-    (output tokens from pos on). ``progress(k, n, prompt)`` is called after each prompt."""
+    ``prompts``: objects with ``.text`` (a string, or token ids), ``.dataset`` and ``.id``; a tree proposal counts
+    its first chain. One row per proposal: dataset, prompt (id), pos, confidence, n (tokens), accepted (how many
+    the output continues with), left (output tokens from pos on). ``progress(k, n, prompt)`` follows each prompt."""
     check_chain_source(source)
     vocab = getattr(text_config(model.config), "vocab_size", None)
     rows = []
