@@ -193,7 +193,7 @@ class Proposer:
 
     def _rows(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
         """Match the rows to requests (new ones started, those that left freed) and harvest the recycler's rows:
-        ``(pending, prompt, left, left_requests)``, ``pending`` one ``(row, state, tokens)`` per live request,
+        ``(pending, prompt, left, left_requests)``, ``pending`` one ``(row, state, its tokens)`` per live request,
         ``prompt`` whether the step just run carried prompt tokens, ``left`` / ``left_requests`` the rows and
         requests counted for that step whose request left before it ran."""
         rows = len(sampled_token_ids)
