@@ -87,9 +87,7 @@ class MergingPolicy(RatedPolicy):
     def trusted(self, drafted: Drafted | None) -> float:
         """The confidence ``drafted`` may spend (extension, spine share, bypass): :meth:`SourceRates.trusted`
         at this policy's ``trust_min``; 0 where confidence is not used."""
-        if not self.uses_confidence():
-            return 0.0
-        return self.rates.trusted(drafted, self.options.trust_min)
+        return self.rates.trusted(drafted, self.options.trust_min) if self.uses_confidence() else 0.0
 
     def uses_confidence(self) -> bool:
         """Whether a chain's confidence buys anything (extension, spine share, bypass)."""
