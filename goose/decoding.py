@@ -64,7 +64,7 @@ class Stats:
         a = self.accept_lengths
         return (sum(a) / len(a) + 1.0) if a else 0.0
 
-    per_origin: dict = field(default_factory=dict)  # {origin (role in the tree: spine, branch, ...): {"drafted", "accepted"}}
+    per_origin: dict = field(default_factory=dict)  # {origin (spine, branch, ...): {"drafted", "accepted"}}
 
     def acceptance(self, source: str) -> float:
         """Accepted / drafted of a source (or, failing that, of an origin such as ``"lead"``)."""
@@ -84,7 +84,7 @@ class GenerationOutput:
     text: str
     stats: Stats
     prompt_ids: tuple[int, ...] = ()
-    scores: tuple = ()  # record_scores: processed float32 scores [1, vocab] per new token, as transformers' output_scores
+    scores: tuple = ()  # record_scores: processed float32 scores [1, vocab] per new token (output_scores)
     logits: tuple = ()  # record_scores: raw float32 logits [1, vocab] per new token, as transformers' output_logits
 
 
@@ -240,7 +240,7 @@ class Decoder:
         return f"<goose.Decoder {self.description}>"
 
     def prompt_tensor(self, prompt) -> torch.Tensor:
-        """``prompt`` (a str, a 1-D or [1, n] tensor, a list of ids) as checked 1-D token ids; a clear error otherwise."""
+        """``prompt`` (a str, a 1-D or [1, n] tensor, a list of ids) as checked 1-D token ids, or a clear error."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidInputError(
@@ -325,9 +325,10 @@ class Decoder:
         ).items() if v is not None}
         if "do_sample" in given:
             given["do_sample"] = bool(given["do_sample"])
-        Sampling(**{"do_sample": False, "min_new_tokens": 0, **given})  # the given values, checked with Goose's messages
+        Sampling(**{"do_sample": False, "min_new_tokens": 0, **given})  # checked with Goose's messages
         if seed is not None and generator is not None:
-            raise InvalidInputError("give seed or generator, not both. Hint: generator=torch.Generator().manual_seed(seed)")
+            raise InvalidInputError(
+                "give seed or generator, not both. Hint: generator=torch.Generator().manual_seed(seed)")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidInputError(f"seed must be an int, got {seed!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -340,14 +341,15 @@ class Decoder:
                 f"context of {self.max_positions} positions. Hint: max_new_tokens <= "
                 f"{self.max_positions - prompt_len}.")
         if generation.uses_transformers(self.model):
-            rule = generation.resolve(self.model, ids, max(max_new_tokens, 1), given, logits_processor, stopping_criteria)
+            rule = generation.resolve(self.model, ids, max(max_new_tokens, 1), given, logits_processor,
+                                      stopping_criteria)
         else:
             rule = generation.explicit(given, prompt_len, self.eos_token_ids, logits_processor, stopping_criteria)
         if seed is not None:
             generator = torch.Generator().manual_seed(seed)
         stops = set(stop_token_ids) if stop_token_ids is not None else set()
-        return self.generate_resolved(ids, max_new_tokens, stops | rule.stop_ids, rule, generator, streamer, record_scores,
-                            stream_prompt)
+        return self.generate_resolved(ids, max_new_tokens, stops | rule.stop_ids, rule, generator, streamer,
+                                      record_scores, stream_prompt)
 
     def generate_resolved(self, ids: torch.Tensor, max_new_tokens: int, stop_token_ids, resolved, generator=None,
                           streamer=None, record_scores: bool = False, stream_prompt: bool = True) -> GenerationOutput:
@@ -358,8 +360,8 @@ class Decoder:
         if needs_rule and not self.verifier.supports_rules:
             raise InvalidInputError(
                 f"verifier {self.verifier.name!r} verifies greedily only, so it cannot sample or apply logits "
-                "processors / stopping criteria. Hint: compose with verifier='transformers' (the built-in verifier, which does both)."
-            )
+                "processors / stopping criteria. Hint: compose with verifier='transformers' (the built-in verifier, "
+                "which does both).")
         prompt_len = ids.numel()
         stops = set(self.stop_token_ids)
         stops.update(int(t) for t in stop_token_ids)
@@ -388,10 +390,11 @@ class Decoder:
                                          "processors": [type(p).__name__ for p in resolved.processors]}
         if rule is not None and rule.record:
             n = len(out.token_ids)
-            out = GenerationOutput(out.token_ids, out.text, out.stats, out.prompt_ids, tuple(rule.scores[:n]), tuple(rule.raw[:n]))
+            out = replace(out, scores=tuple(rule.scores[:n]), logits=tuple(rule.raw[:n]))
         return out
 
-    def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float, rule=None, streamer=None):
+    def _run(self, worker: _Worker, ids, prompt_ids, max_new_tokens: int, stops, t_start: float, rule=None,
+             streamer=None):
         """One generation on one component set: begin, prefill and steps, then the output and every end()."""
         request = Request(prompt_ids, self.vocab_size, max_new_tokens, self.budget)
         for s in worker.sources:
@@ -458,9 +461,12 @@ class Decoder:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the deferred rows are the verifier's prefill
                     raise VerifierError.raised(verifier.name, "prefill", exc) from exc
-                if full is not None:
+                if full is None:
+                    full = replace(deferred, rest=None)
+                else:
                     _check_pass(verifier, full, "prefill")
-                self._observe(worker, replace(deferred, rest=None) if full is None else replace(full, bonus=deferred.bonus, walk=deferred.walk), tally)
+                    full = replace(full, bonus=deferred.bonus, walk=deferred.walk)
+                self._observe(worker, full, tally)
                 deferred = None
             tree, draft_s = self._draft(worker, seq, view, len(prompt_ids), max_new_tokens - len(new), rule, tally)
             committed = self._verify(worker, tree, stops, max_new_tokens - len(new), draft_s, rule, tally)

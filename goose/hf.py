@@ -138,8 +138,8 @@ def hf_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_c
     max_new = max(0, int(max_length) - prompt_len)
     if dec.max_positions is not None:
         max_new = min(max_new, dec.max_positions - prompt_len)
-    record = bool(getattr(generation_config, "return_dict_in_generate", False)) and (
-        bool(getattr(generation_config, "output_scores", False)) or bool(getattr(generation_config, "output_logits", False)))
+    record = bool(getattr(generation_config, "return_dict_in_generate", False) and (
+        getattr(generation_config, "output_scores", False) or getattr(generation_config, "output_logits", False)))
     if stop_strings:
         from transformers import StoppingCriteriaList, StopStringCriteria
 

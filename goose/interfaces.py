@@ -38,16 +38,15 @@ class Options(BaseModel):
         problem = _scalar_problem(field_info.annotation, v)
         if problem is not None:
             where, wanted, bad = problem
-            allowed = _SCALAR_WORDS[wanted] + (_bounds(field_info.metadata) if not where else "")
+            allowed = _SCALARS[wanted][1] + (_bounds(field_info.metadata) if not where else "")
             hint = _scalar_hint(info.field_name, wanted, bad, bool(where))
-            raise ValueError(f"{'item ' + where + ': ' if where else ''}{_REQUIRED[wanted]} is required, got {bad!r} "
+            raise ValueError(f"{'item ' + where + ': ' if where else ''}{_SCALARS[wanted][0]} is required, got {bad!r} "
                              f"({type(bad).__name__}); allowed: {allowed}. Hint: {hint}")
         return v
 
 
-# the scalar kinds an option is held to, what each requires, and what it allows
-_REQUIRED = {bool: "True or False", int: "an integer", float: "a number"}
-_SCALAR_WORDS = {bool: "a bool", int: "an int", float: "a float or an int"}
+# the scalar kinds an option is held to: (what each requires, what it allows)
+_SCALARS = {bool: ("True or False", "a bool"), int: ("an integer", "an int"), float: ("a number", "a float or an int")}
 
 
 def _fits(kind: type, v) -> bool:
@@ -113,8 +112,7 @@ def _scalar_hint(field: str, wanted: type, bad, nested: bool) -> str:
         number = int(bad)
     if number is not None:
         return f"{what}: {number!r}, the number itself, not {bad!r}"
-    kind = "an integer" if wanted is int else "a number"
-    return f"{what}: {kind} written as one (`goose plugins --options` lists each component's options)"
+    return f"{what}: {_SCALARS[wanted][0]} written as one (`goose plugins --options` lists each component's options)"
 
 
 @dataclass(frozen=True)
@@ -444,7 +442,8 @@ def check_successors(source: str, token: int, ids: Sequence, scores: Sequence, v
         bad(f"a repeated id in {list(ids)}", "list each successor once, best first")
     for i, sc in enumerate(scores):
         if not _finite(sc):
-            bad(f"score {sc!r} at position {i}, not a finite number", "scores are the successors' probabilities or weights")
+            bad(f"score {sc!r} at position {i}, not a finite number",
+                "scores are the successors' probabilities or weights")
     return ids, scores
 
 
@@ -508,7 +507,7 @@ def check_proposal(source: str, prop: Proposal, vocab_size: int | None = None) -
         for i, s in enumerate(prop.scores):
             if not _finite(s):
                 bad(f"proposal node {i}: score {s!r} is not allowed: a finite number", "scores=None if there are none")
-    if any(type(t) is not int for t in prop.tokens) or type(c) is not float or any(type(p) is not int for p in prop.parents):
+    if any(type(t) is not int for t in (*prop.tokens, *prop.parents)) or type(c) is not float:
         prop = replace(prop, tokens=tokens, parents=tuple(int(_as_id(p)) for p in prop.parents), confidence=float(c))
     return prop
 

@@ -42,7 +42,8 @@ class Sampling:
         if t is not None and (not num(t) or t < 0):
             bad("temperature", t, "a number >= 0", "temperature=0.7, or do_sample=False for greedy")
         if self.do_sample and t is not None and t == 0:
-            bad("temperature", t, "> 0 when do_sample=True (0 is greedy decoding)", "do_sample=False, or temperature=0.7")
+            bad("temperature", t, "> 0 when do_sample=True (0 is greedy decoding)",
+                "do_sample=False, or temperature=0.7")
         if k is not None and (not num(k, int) or k < 0):
             bad("top_k", k, "an int >= 0 (0: off)", "top_k=50")
         if p is not None and (not num(p) or not 0.0 < p <= 1.0):

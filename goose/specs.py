@@ -50,7 +50,7 @@ def split_top(text: str, sep: str) -> list[str]:
 
 
 def _value(text: str, key: str = "", name: str = "", method: str = ""):
-    """An option value written in a method spec: a JSON object or list, int, float, true/false, none, else the string."""
+    """An option value in a method spec: a JSON object or list, int, float, true/false, none, else the string."""
     if text.strip()[:1] in ("{", "["):
         try:
             return json.loads(text)

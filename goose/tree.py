@@ -34,11 +34,8 @@ class DraftTree:
     sources: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        validate(self.tokens, self.parents, self.origins, self.scores)
+        validate(self.tokens, self.parents, self.origins, self.scores, self.sources)
         if self.sources is not None:
-            if len(self.sources) != len(self.tokens):
-                raise InvalidTreeError(
-                    f"sources has {len(self.sources)} entries but tokens has {len(self.tokens)}; they must match")
             for i, s in enumerate(self.sources):
                 if not (isinstance(s, tuple) and (s or i == 0) and all(type(x) is str and x for x in s)
                         and len(set(s)) == len(s)):
@@ -158,17 +155,14 @@ class DraftTree:
         return tuple(tuple(np.flatnonzero(anc[leaf]).tolist()) for leaf, ch in enumerate(self.children) if not ch)
 
 
-def validate(tokens, parents, origins, scores=None) -> None:
+def validate(tokens, parents, origins, scores=None, sources=None) -> None:
     """Reject a malformed tree, naming the node index and the offending value."""
     n = len(tokens)
     if n == 0:
         raise InvalidTreeError("a draft tree needs at least the root node (got 0 nodes)")
-    if len(parents) != n:
-        raise InvalidTreeError(f"parents has {len(parents)} entries but tokens has {n}; they must match")
-    if len(origins) != n:
-        raise InvalidTreeError(f"origins has {len(origins)} entries but tokens has {n}; they must match")
-    if scores is not None and len(scores) != n:
-        raise InvalidTreeError(f"scores has {len(scores)} entries but tokens has {n}; they must match")
+    for name, per_node in (("parents", parents), ("origins", origins), ("scores", scores), ("sources", sources)):
+        if per_node is not None and len(per_node) != n:
+            raise InvalidTreeError(f"{name} has {len(per_node)} entries but tokens has {n}; they must match")
     if parents[0] != -1:
         raise InvalidTreeError(f"node 0 is the root: parents[0] must be -1, got {parents[0]}")
     seen: dict[tuple[int, int], int] = {}
