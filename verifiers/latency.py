@@ -1,8 +1,6 @@
-"""A verifier's pass time against tree size, measured through its speed protocol and cached (docs/speed.md).
-
-The curve is measured with the composed verifier's own passes (``Verifier.time_pass``, in each of its
-``pass_forms``), stored under the model, the machine, the thread count and the verifier's ``timing_key``, and
-checked once per process. The ``fit`` policy weighs expected accepted tokens against it.
+"""A verifier's pass time against tree size, measured through its speed protocol (``time_pass`` in each of its
+``pass_forms``), cached under the model, machine, threads and ``timing_key``, checked once per process
+(docs/speed.md, "Calibration"). The ``fit`` policy weighs expected accepted tokens against it.
 """
 
 from __future__ import annotations
@@ -22,19 +20,17 @@ from pathlib import Path
 
 from goose.verifiers import machine
 
-# Every size the fit may pick up to 64 (kernels change with the row count), then coarser; beyond the last
-# size the curve is extended in proportion.
+# Every size up to 64 (kernels change with the row count), then coarser; beyond the last, in proportion.
 SIZES = (*range(1, 25), 28, 32, 40, 48, 56, 64, 80, 96, 128)
 FULL_SIZES, FULL_ROUNDS = (*range(1, 65), 80, 96, 128), 5  # goose calibrate --full
-# sizes at which every pass form is timed; a size between takes the nearest compared size's form (the forms
-# switch at a crossover, not back and forth)
+# sizes at which every pass form is timed; a size between takes the nearest one's form (forms switch once)
 COMPARE = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # past the walk's end, timed once each in this order while the budget allows (the widest span first)
 ANCHORS = (32, 64, 16, 8, 24, 48, 12, 128, 96, 80)
 WALK_SHARE = 0.6  # of the time budget, for the walk over SIZES; the rest for the anchors
 CURVE_VERSION = 17  # bump when the measuring method or a kernel it times changes: cached curves are measured anew
-# A cached curve is checked once per process at these sizes: machines with the same CPU name differ in speed
-# and in which form is fastest, and a curve measured under load misleads the fit.
+# A cached curve is checked once per process at these sizes: machines with one CPU name differ in speed and
+# fastest form, and a curve measured under load misleads the fit.
 CHECK_SIZES = (1, 4)
 CHECK_TOLERANCE = 1.3  # now / cached beyond this factor, either way: measured anew
 _checked: set[str] = set()  # cache files checked (or measured) in this process
@@ -50,8 +46,7 @@ log = logging.getLogger("goose")
 
 @dataclass(frozen=True)
 class LatencyCurve:
-    """Seconds per forward at measured tree sizes; piecewise-linear in between, below the first size flat,
-    past the last in proportion."""
+    """Seconds per forward at measured tree sizes; linear in between, flat below, in proportion past the last."""
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
@@ -62,48 +57,27 @@ class LatencyCurve:
 
     def __call__(self, n: int) -> float:
         s, t = self.sizes, self.seconds
-        if n <= s[0]:
-            return t[0]
-        if n >= s[-1]:
-            return t[-1] * n / s[-1] if n > s[-1] else t[-1]
-        i = bisect_left(s, n)
-        if s[i] == n:
-            return t[i]
-        a, b = s[i - 1], s[i]
-        return t[i - 1] + (t[i] - t[i - 1]) * (n - a) / (b - a)
+        return t[-1] * n / s[-1] if n > s[-1] else _interp(s, t, n)
 
     def table(self, n_max: int) -> list[float]:
         """``[t(0)=0, t(1), ..., t(n_max)]`` for fast lookups."""
         return [0.0] + [self(n) for n in range(1, n_max + 1)]
 
-    def _head_at(self, k: int) -> float:
-        """The head's time on ``k`` rows, linear between measured counts (``k`` within the measured range)."""
-        h = self.head
-        i = bisect_left([r for r, _ in h], k)
-        if h[i][0] == k or i == 0:
-            return h[i][1]
-        (ra, ta), (rb, tb) = h[i - 1], h[i]
-        return ta + (tb - ta) * (k - ra) / (rb - ra)
-
     def _head_run(self, k: int) -> tuple[int, float]:
-        """(rows run, seconds) for ``k`` wanted rows within the measured range: ``k`` at its interpolated
-        time, or a measured count above ``k`` that took less."""
-        best = (k, self._head_at(k))
-        for r, t in self.head:
-            if r > k and t < best[1]:
-                best = (r, t)
-        return best
+        """(rows run, seconds) for ``k`` wanted rows within the measured range: ``k`` (its time interpolated), or
+        the measured count above ``k`` that took least, where it took less."""
+        h = self.head
+        t = _interp([r for r, _ in h], [s for _, s in h], k)
+        return min([(k, t), *((r, s) for r, s in h if r > k)], key=lambda run: run[1])  # the first of equals
 
     def head_rows(self, k: int) -> int:
-        """How many rows the LM head should compute to give ``k``: ``k``, or a measured count above it that
-        took less (a GEMM may take a faster path from some row count on; the extra rows are padding); ``k``
-        itself past the last measured count or where none is measured."""
+        """How many rows the LM head should compute to give ``k``: a measured count above ``k`` that took less (a
+        GEMM may take a faster path from some row count on; the extra rows are padding), else ``k``."""
         return k if not self.head or k >= self.head[-1][0] else self._head_run(k)[0]
 
     def head_rows_within(self, extra_s: float) -> int | None:
-        """The most LM-head rows whose cost over one row stays within ``extra_s`` (None: not measured): up to
-        the last measured count, ``k`` rows cost what :meth:`head_rows` runs for them; past it, the last
-        interval's cost per row."""
+        """The most LM-head rows whose cost over one row stays within ``extra_s`` (None: not measured); past the
+        last measured count, at the last interval's cost per row."""
         h = self.head
         if len(h) < 2:
             return None
@@ -135,10 +109,17 @@ class LatencyCurve:
         return next((f for f, ns in self.forms if n in ns), None)
 
 
+def _interp(xs, ys, x) -> float:
+    """``ys`` at ``x``, linear between the sorted ``xs``; ``ys[0]`` at or below ``xs[0]``; ``x`` at most ``xs[-1]``."""
+    i = bisect_left(xs, x)
+    if i == 0 or xs[i] == x:
+        return ys[i]
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
 def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict[int, str]:
-    """The form of each size past ``last`` (the walk's end) up to ``upto`` that was not timed, where the timed
-    sizes either side of it share a form other than the default: the curve prices such a size between those
-    two, so it must run in their form."""
+    """The untimed sizes past ``last`` (the walk's end) up to ``upto`` whose timed neighbours share a form other
+    than the default: the curve prices them between those two, so they must run in that form."""
     out = {}
     pts = sorted(n for n in timed if n >= last)
     for a, b in zip(pts, pts[1:]):
@@ -147,7 +128,8 @@ def _between_anchors(timed: dict[int, str | None], last: int, upto: int) -> dict
     return out
 
 
-def _first_param(model):
+def first_param(model):
+    """The model's first parameter (None: it has none)."""
     try:
         return next(model.parameters())
     except (StopIteration, AttributeError):
@@ -158,7 +140,7 @@ def _key(model, verifier) -> str:
     import torch
 
     cfg = getattr(model, "config", None)
-    p = _first_param(model)
+    p = first_param(model)
     dtype, device = (str(p.dtype), str(p.device)) if p is not None else ("?", "cpu")
     dispatched = getattr(model, "hf_device_map", None) or {}  # accelerate's: layers on other devices or disk
     desc = json.dumps({
@@ -178,8 +160,8 @@ def cache_dir() -> Path:
 
 
 class _Timer:
-    """Passes of n chain tokens, timed by the verifier's speed protocol (``time_pass``) over a cache of up to
-    ``past_len`` prompt tokens (fewer where that prefill alone would spend a fifth of ``budget_s``)."""
+    """Passes of n chain tokens timed by ``time_pass`` over a cache of up to ``past_len`` prompt tokens (fewer
+    where that prefill alone would spend a fifth of ``budget_s``)."""
 
     def __init__(self, verifier, past_len: int, budget_s: float):
         import torch
@@ -191,10 +173,9 @@ class _Timer:
         t0 = time.perf_counter()
         v.prefill(prompt[:probe], keep=1)
         per_token = (time.perf_counter() - t0) / probe
-        if past_len > probe:
-            past = max(probe, min(past_len, int(0.2 * budget_s / max(per_token, 1e-9))))
-            if past > probe:
-                v.prefill(prompt[:past], keep=1)  # a fresh cache
+        past = min(past_len, int(0.2 * budget_s / max(per_token, 1e-9)))
+        if past > probe:
+            v.prefill(prompt[:past], keep=1)  # a fresh cache
         self.trees: dict = {}
 
     def once(self, n: int, form: str | None = None) -> float:
@@ -212,14 +193,10 @@ class _Timer:
 def measure(model, verifier, sizes=SIZES, past_len: int = 256, repeats: int = 3, budget_s: float = 25.0,
             stop_ratio: float = 12.0, progress=None, compare_forms: bool = True,
             measure_head: bool = True) -> LatencyCurve:
-    """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n in ``sizes``.
-
-    Round 1 walks the sizes upward (:meth:`_Walk.walk`), then times the ``ANCHORS`` past where the budget stopped
-    it (:meth:`_Walk.anchors`); further rounds follow while ``budget_s`` lasts, ``repeats`` at most, and each size
-    keeps the median of its rounds, as measured. With ``compare_forms`` each of the verifier's ``pass_forms`` is
-    timed against its default at the ``COMPARE`` sizes and each size runs in the fastest: the curve's ``forms``,
-    told to the verifier through ``forms_kept``. With ``measure_head`` the LM head alone is then timed on growing
-    row counts (:func:`_measure_head`). ``progress(text)`` is called as it goes.
+    """Median forward time of a chain of n new tokens over a ``past_len`` cache, for each n in ``sizes``
+    (docs/speed.md, "Calibration": the walk, the anchors, up to ``repeats`` rounds within ``budget_s``). With
+    ``compare_forms`` each size runs in its fastest pass form (the curve's ``forms``, told to the verifier through
+    ``forms_kept``); with ``measure_head`` the LM head alone is timed too. ``progress(text)`` is called as it goes.
     """
     t_start = time.perf_counter()
     timer = _Timer(verifier, past_len, budget_s)
@@ -249,9 +226,8 @@ def measure(model, verifier, sizes=SIZES, past_len: int = 256, repeats: int = 3,
 
 class _Walk:
     """The timings of one :func:`measure` call. ``times``: size -> seconds of each round; ``form``: size -> its
-    fastest form (None: the verifier's default, "stock"); ``t1``: the one-token forward, the unit of
-    ``stop_ratio``; ``serves(form, rows)``: the verifier's ``form_serves``. A timing that decides much is taken
-    twice and the lower kept: one stall must not shape the curve."""
+    fastest form (None: "stock", the verifier's default); ``t1``: the one-token forward, the unit of
+    ``stop_ratio``. A timing that decides much is taken twice and the lower kept: one stall must not shape it."""
 
     def __init__(self, once, forms: list[str], max_rows: int, say, t_start: float, budget_s: float,
                  stop_ratio: float, serves):
@@ -281,9 +257,8 @@ class _Walk:
         return min(dt, self.once(n, f)) if dt > limit else dt
 
     def warm_up(self, mid: int) -> None:
-        """A few one-token and one mid-size forward, untimed (the first forwards of a process are slow); then
-        each form that two timings put over 1.5x the fastest at the mid size (stock included) is dropped from
-        the comparisons, which would otherwise time it at every compared size."""
+        """Untimed first forwards (a process's first are slow); then each form (stock included) that two timings
+        put over 1.5x the fastest at the mid size is dropped from the comparisons."""
         for n in (1, 1, 1):
             self.once(n)
         stock_mid = self.once(mid)
@@ -302,7 +277,7 @@ class _Walk:
 
     def fastest(self, n: int, serve: list[str]) -> tuple[str | None, float]:
         """The fastest of stock (where still compared) and the ``serve`` forms at ``n`` rows: each timed once,
-        the two fastest once more and the lower of each kept (one timing would let a stall choose)."""
+        the two fastest once more, the lower of each kept."""
         timed = {f: self.once(n, f) for f in ([None] if self.stock_compared or not serve or n == 1 else []) + serve}
         for f in sorted(timed, key=timed.get)[:2] if len(timed) > 1 else ():
             timed[f] = min(timed[f], self.once(n, f))
@@ -310,10 +285,9 @@ class _Walk:
         return f, timed[f]
 
     def walk(self, sizes: list[int]) -> int | None:
-        """Round 1: each size in increasing order, in its fastest form at a compared size (else the nearest
-        compared size's), until a forward costs ``stop_ratio`` x t(1) (returns None) or, past size 4, the
-        walk's share of the budget is spent (returns the size it stopped at); the size that would end the
-        walk is timed twice, the lower kept."""
+        """Round 1: each size upward, in its fastest form (else the nearest compared size's), until a forward
+        costs ``stop_ratio`` x t(1) (returns None) or, past size 4, the walk's share of the budget is spent
+        (returns the size it stopped at)."""
         self.t1 = t1 = min(self.once(1) for _ in range(3))
         for n in sizes:
             if self.forms and n in self.compared:
@@ -336,9 +310,8 @@ class _Walk:
         return None
 
     def anchors(self, last: int, top: int) -> None:
-        """The :data:`ANCHORS` past ``last`` up to ``top``, once each where the rest of the budget allows (with
-        them the curve interpolates past the walk instead of extending in proportion, which overprices long
-        chains); each timed again where over 1.5x its guess."""
+        """The :data:`ANCHORS` past ``last`` up to ``top``, once each where the rest of the budget allows (the
+        curve then interpolates instead of extending in proportion); each timed again where over 1.5x its guess."""
         t1 = self.t1
         cap = top + 1  # anchors at or above it are skipped: one over stop_ratio x t(1) lowers it
         for a in (a for a in ANCHORS if last < a <= top):
@@ -370,9 +343,8 @@ class _Walk:
 
 def check(verifier, curve: LatencyCurve, tolerance: float = CHECK_TOLERANCE, sizes=CHECK_SIZES, past_len: int = 256,
           budget_s: float = 25.0) -> list[tuple[int, float, float]]:
-    """Time ``sizes`` on this machine in the curve's form for each; ``(n, cached seconds, seconds now)`` for each
-    size off by more than ``tolerance`` either way (empty: the curve holds here). Each the median of three
-    passes after an untimed one (a form's first pass may pack weights or compile)."""
+    """``(n, cached seconds, seconds now)`` for each of ``sizes`` off by more than ``tolerance`` either way on
+    this machine (empty: the curve holds); each the median of three passes in its form after an untimed one."""
     timer = _Timer(verifier, past_len, budget_s)
     off = []
     try:
@@ -392,10 +364,9 @@ HEAD_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _measure_head(model, t1: float, say, t_start: float, g) -> tuple[tuple[int, float], ...]:
-    """Seconds of the LM head alone on ``HEAD_ROWS`` rows (the prefill's logit rows for the trailing positions
-    the sources learn from), until the extra rows cost over one forward (``t1``) at two counts in a row (a GEMM
-    path slow at one count may be fast at the next). ``g`` seeds the inputs without moving torch's global
-    generator (calibration may run inside a seeded generate)."""
+    """Seconds of the LM head alone on ``HEAD_ROWS`` rows, until the extra rows cost over one forward (``t1``) at
+    two counts in a row (a GEMM path slow at one count may be fast at the next). ``g`` seeds the inputs without
+    moving torch's global generator (calibration may run inside a seeded generate)."""
     import torch
 
     get = getattr(model, "get_output_embeddings", None)
@@ -443,7 +414,7 @@ def describe(model) -> str:
     """The model's name, dtype and device, for progress lines."""
     cfg = getattr(model, "config", None)
     name = getattr(cfg, "_name_or_path", "") or type(model).__name__
-    p = _first_param(model)
+    p = first_param(model)
     if p is None:
         return str(name)
     return f"{Path(str(name)).name or name} ({str(p.dtype).replace('torch.', '')}, {p.device})"
@@ -454,8 +425,8 @@ def curve_path(model, verifier) -> Path:
 
 
 def cached_curve(model, verifier) -> LatencyCurve | None:
-    """The curve this process uses for ``verifier`` (bound to ``model``): one it measured and did not store (see
-    :func:`curve_for`), else the stored one, or None (never measures)."""
+    """The curve this process uses for ``verifier`` (bound to ``model``): one it measured and did not store, else
+    the stored one, or None (never measures)."""
     path = curve_path(model, verifier)
     mine = _process_curves.get(str(path))
     if mine is not None:
@@ -468,21 +439,16 @@ def cached_curve(model, verifier) -> LatencyCurve | None:
 
 def curve_for(model, verifier, use_cache: bool = True, force: bool = False, check_cached: bool = True,
               **measure_kw) -> LatencyCurve:
-    """The latency curve of ``verifier`` (bound to ``model``) on this machine and thread count, measured through
-    its speed protocol on first use (a progress line on stderr and in the ``goose`` log; ``goose calibrate``
-    does it ahead of time) and cached under its :meth:`~goose.Verifier.timing_key`. With ``check_cached``, a
-    cached curve is checked once per process (:func:`check`) and measured anew where it is off by more than
-    ``CHECK_TOLERANCE``; the new curve replaces it only where, measured, the cached one still disagrees and the
-    new one holds.
+    """The latency curve of ``verifier`` (bound to ``model``) on this machine and thread count, measured on first
+    use (a progress line on stderr and in the ``goose`` log) and cached under its ``timing_key``. With
+    ``check_cached``, a cached curve is checked once per process (:func:`check`) and measured anew where it is
+    off; the new curve replaces it only where the cached one still disagrees and the new one holds.
     """
     path = curve_path(model, verifier)
-    with _path_lock(path):
-        return _curve_at(model, verifier, path, use_cache, force, check_cached, measure_kw)
-
-
-def _path_lock(path: Path) -> threading.Lock:
     with _path_locks_lock:
-        return _path_locks.setdefault(str(path), threading.Lock())
+        lock = _path_locks.setdefault(str(path), threading.Lock())
+    with lock:
+        return _curve_at(model, verifier, path, use_cache, force, check_cached, measure_kw)
 
 
 def _curve_at(model, verifier, path: Path, use_cache: bool, force: bool, check_cached: bool,
@@ -493,9 +459,8 @@ def _curve_at(model, verifier, path: Path, use_cache: bool, force: bool, check_c
     check_kw = {"past_len": measure_kw.get("past_len", 256), "budget_s": min(25.0, measure_kw.get("budget_s", 25.0))}
     stored = None
     if use_cache and not force:
-        mine = _process_curves.get(where)
-        if mine is not None:
-            return mine
+        if where in _process_curves:
+            return _process_curves[where]
         stored = cached_curve(model, verifier)
         if stored is not None:
             if not check_cached or where in _checked:
@@ -527,7 +492,6 @@ def _curve_at(model, verifier, path: Path, use_cache: bool, force: bool, check_c
         if not again:
             _line(f"goose: the cached forward latency curve for {describe(model)} holds again: the disagreement was "
                   f"passing (the machine was busy); keeping it, the new measurement is not stored ({path})")
-            _checked.add(where)
             return stored
         new_off = check(verifier, curve, **check_kw)
         if new_off:
@@ -555,8 +519,7 @@ def _line(text: str, prefix: str = "", width: int = 0) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, whoever reads it meanwhile: written to a temporary
-    file in the same folder, then renamed over it."""
+    """``path`` holds ``text`` or what it held before, whoever reads it meanwhile (a temporary file renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
