@@ -1,10 +1,8 @@
 """The built-in verifier, ``transformers``: a draft tree verified in one forward of a stock Hugging Face causal LM.
 
-The flattened nodes go in as one sequence, with position ids ``past_len + depth`` and a 4-D additive mask that
-lets each node see the cached prefix, its ancestors and itself. The walk follows the target's argmax (or the
-rule's choice) from the root; the accepted nodes' key/value rows are gathered into contiguous slots and the
-rest is cropped. Sliding-window layers get a tree mask that keeps each node's window (verifiers/attention.py),
-and their cache keeps a pass's rows until the commit's crop (verifiers/cache.py).
+The nodes go in as one sequence with position ids ``past_len + depth`` and a 4-D additive mask (each node sees the
+cached prefix, its ancestors and itself); the walk follows the target's argmax (or the rule's choice); the accepted
+nodes' key/value rows are gathered into contiguous slots and the rest cropped.
 """
 
 from __future__ import annotations
@@ -53,7 +51,8 @@ class TreeVerifierOptions(Options):
     gqa: bool = Field(True, description=(
         "on the CPU with sdpa attention, tree passes let torch's kernel read shared key/value heads in place "
         "instead of transformers copying the cache per layer (verifiers/attention.py; the same logits to the bit)"),
-        json_schema_extra={"why": "off: transformers' own attention path (to compare, or where a model's attention is patched)"},
+        json_schema_extra={
+            "why": "off: transformers' own attention path (to compare, or where a model's attention is patched)"},
     )
     headroom: bool = Field(True, description=(
         "the key/value cache appends each step's rows into a buffer with room to grow, instead of transformers' "
@@ -95,7 +94,6 @@ class TransformersVerifier(Verifier):
                 f"verified exactly. Supported: {', '.join(MASK_HONOURING)}. Hint: load the model with "
                 "attn_implementation='sdpa' (or 'eager').")
         super().bind(model)  # vocab_size, max_positions
-        # which tree mask each attention layer gets (one for all, or one per layer type)
         self.window_plan = attention.window_plan(model, text_config(cfg))
         self._sliding = False  # the request's cache has sliding layers (set at the prefill)
         params = inspect.signature(model.forward).parameters
@@ -109,7 +107,8 @@ class TransformersVerifier(Verifier):
             need = skinny.pack_estimate(self._linears) / 2**20
             room = skinny.pack_limit(limit) / 2**20
             why = (
-                "float32 linear layers on the CPU and a torch built with MKL" if not skinny.packed_supported(self._linears)
+                "float32 linear layers on the CPU and a torch built with MKL"
+                if not skinny.packed_supported(self._linears)
                 else f"about {need:,.0f} MiB for the packs, within pack_limit_mib "
                 f"({'a quarter of the memory available: ' if limit is None else ''}{room:,.0f} MiB)")
             raise UnsupportedModelError(
@@ -120,15 +119,11 @@ class TransformersVerifier(Verifier):
         self._head_curve = None  # the cached curve whose head timings size the deferred prefill rows
         # transformers' causal LMs compute the LM head for the last k positions only when told
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
-        try:
-            p = next(model.parameters())
-            self.device, self.dtype = p.device, p.dtype
-        except (StopIteration, AttributeError):
-            self.device, self.dtype = torch.device("cpu"), torch.float32
+        p = latency.first_param(model)
+        self.device, self.dtype = (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
         if not self.dtype.is_floating_point:
             self.dtype = torch.float32
         self.device = input_device(model, self.device)
-        # tree passes on the CPU read grouped-query heads in place
         self._gqa = impl == "sdpa" and self.device.type == "cpu" and self.options.gqa and attention.available()
 
     def check_request(self, prompt_len: int, max_new_tokens: int, max_depth: int) -> None:
@@ -150,11 +145,11 @@ class TransformersVerifier(Verifier):
             cache = DynamicCache(config=self.model.config)
         except TypeError:  # older signature
             cache = DynamicCache()
-        # sliding layers keep a tree pass's rows until the commit's crop (verifiers/cache.py)
         kv_cache.keep_rows_for_rollback(cache)
         return kv_cache.with_headroom(cache) if self.options.headroom else cache
 
-    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None, form: str | None = None):
+    def _forward(self, input_ids, attention_mask=None, position_ids=None, keep: int | None = None,
+                 form: str | None = None):
         """The model's logits (``[positions, vocab]``), its linear layers in ``form`` (None: stock) and, for a
         tree pass (a mask), grouped heads read in place where enabled; ``keep``: logits of the last positions only."""
         kw = {self._cache_kw: self.cache}
@@ -175,9 +170,7 @@ class TransformersVerifier(Verifier):
             return None
         if self.options.linear in skinny.FORMS:
             return self.options.linear if skinny.serves(self.options.linear, n) else None
-        if self._forms is None:
-            self._resolve_forms()
-        return self._forms.get(n)
+        return self._forms.get(n)  # resolved at the first prefill
 
     def _resolve_forms(self) -> None:
         """Each tree size's form, from the cached latency calibration ("auto"); the packed weights are made
@@ -220,14 +213,9 @@ class TransformersVerifier(Verifier):
     def pass_forms(self) -> tuple[str, ...]:
         """``skinny``; ``packed`` where MKL's packed GEMM serves within ``pack_limit_mib``; ``stream`` where
         the numba kernel serves (none with ``linear="stock"``)."""
-        forms = []
-        if self._linears:
-            forms.append("skinny")
-            if self.packs_allowed:
-                forms.append("packed")
-            if stream.available(self._linears):
-                forms.append("stream")
-        return tuple(forms)
+        linears = self._linears
+        offered = {"skinny": bool(linears), "packed": self.packs_allowed, "stream": stream.available(linears)}
+        return tuple(f for f, ok in offered.items() if ok)
 
     def form_serves(self, form: str, rows: int) -> bool:
         return skinny.serves(form, rows)
@@ -471,11 +459,10 @@ def final_hidden(decoder: torch.nn.Module, k: int):
 def input_device(model, default: torch.device) -> torch.device:
     """Where the model takes its input ids: the input embedding's device, or, for a model dispatched by
     accelerate with the embedding offloaded (on ``meta``), the execution device of accelerate's hook on it."""
-    emb = None
     try:
         emb = model.get_input_embeddings()
     except (AttributeError, NotImplementedError):
-        pass
+        emb = None
     w = getattr(emb, "weight", None)
     dev = w.device if isinstance(w, torch.Tensor) else default
     if dev.type == "meta":
@@ -501,17 +488,13 @@ def top1(logits: torch.Tensor) -> tuple[int, ...]:
 
 def walk(tree: DraftTree, argmax) -> tuple[int, ...]:
     """Greedy walk: from the root, move to the child whose token is the target's argmax."""
-    children, tokens = tree.children, tree.tokens
-    node, path = 0, [0]
+    path = [0]
     while True:
-        want = argmax[node]
-        for c in children[node]:
-            if tokens[c] == want:
-                node = c
-                path.append(c)
-                break
-        else:
+        want = argmax[path[-1]]
+        child = next((c for c in tree.children[path[-1]] if tree.tokens[c] == want), None)
+        if child is None:
             return tuple(path)
+        path.append(child)
 
 
 def _layers(cache):
