@@ -1,31 +1,14 @@
-"""Linear layers for few rows at the cost of one weight pass, during tree passes.
+"""The linear layers of tree passes in another form than ``F.linear`` (docs/speed.md, "The one-token step").
 
-Verification is memory-bound: one pass over the weights can check many tokens. On some CPUs
-torch's ``F.linear`` on 2-64 rows takes a GEMM path that costs several one-row GEMVs; the same
-product computed as ``weight @ x.T`` stays near one weight pass.
+:func:`rerouted` gives, for one pass, every plain ``torch.nn.Linear`` an instance ``forward`` that computes the
+calling thread's rows in the chosen form where it serves (:func:`serves`) and exactly ``F.linear`` otherwise
+(other threads, larger inputs); the instance attributes are removed afterwards. The model's own weights stay as
+they are. Rounding differs from ``F.linear``'s (as a GEMM's already differs from a GEMV's): a near-tie may flip,
+which ``goose bench`` reports with its logit gap.
 
-:func:`rerouted` does this temporarily, through the stock model: for one tree pass every plain
-``torch.nn.Linear`` gets an instance ``forward`` that computes the calling thread's rows
-2..``MAX_ROWS`` in the chosen form (``stream``: rows 1..``MAX_ROWS``, through verifiers/stream.py)
-and exactly ``F.linear`` otherwise (other threads, larger inputs, one-row steps of the other
-forms); the instance attributes are removed afterwards. Rounding differs from ``F.linear``'s (as a
-multi-row GEMM's already differs from a one-row GEMV's): float32 outputs stay identical to greedy
-decoding unless a near-tie flips, which ``goose bench`` reports with its logit gap.
-
-The ``packed`` form keeps each weight in the layout MKL's GEMM reads (``cblas_sgemm_pack``
-through ``torch.ops.mkl``: float32 on a CPU build with MKL), packed once, where ``F.linear`` on a
-few rows re-reads the weight in a slower order on every call. MKL pads each pack to its own panel
-sizes, so a pack may be several times its weight; the layout is opaque, so a pack's size is taken
-as the process's resident-memory growth while it is made, at least the weight's own size (memory
-freed earlier and reused shows no growth). Packs are made only where the estimate
-(:data:`PACK_RATIO` times the weights) fits the limit (``pack_limit_mib``; by default a quarter of
-the available memory), dropped again if their measured size exceeds it, and re-made for a weight
-changed in place (its version counter moves). The verifier packs at its first prefill, so no
-timed tree pass pays for packing. The model's own weights stay as they are: one-token steps,
-other decoders and ``model.generate`` read them.
-
-Whether a form pays is measured per device, dtype and tree size by the latency calibration
-(``goose.verifiers.latency.measure``); ``linear="auto"`` uses the fastest form for each size.
+``packed`` keeps each weight in MKL's GEMM layout (``torch.ops.mkl``: float32 CPU), packed once. The layout is
+opaque and padded, so a pack's size is the process's resident-memory growth while it is made (at least the
+weight's own size); packs are made only within ``pack_limit_mib`` and re-made for a weight changed in place.
 """
 
 from __future__ import annotations
@@ -62,14 +45,10 @@ def serves(form: str | None, rows: int) -> bool:
     return form is not None and (2 <= rows <= MAX_ROWS or (rows == 1 and form in ONE_ROW_FORMS))
 
 
-def _form() -> str | None:
-    forms = getattr(_local, "forms", None)
-    return forms[-1] if forms else None
-
-
 def _tree_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.dim() else 0
-    form = _form()
+    forms = getattr(_local, "forms", None)
+    form = forms[-1] if forms else None
     if not serves(form, rows):
         return F.linear(x, self.weight, self.bias)
     x2 = x.reshape(rows, x.shape[-1])
@@ -98,7 +77,8 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 8)
             grown = resident_bytes() - before
             # reused memory shows no growth: a pack holds at least its weight's values
-            size = max(grown, w.numel() * w.element_size()) if before else int(PACK_RATIO * w.numel() * w.element_size())
+            own = w.numel() * w.element_size()
+            size = max(grown, own) if before else int(PACK_RATIO * own)
             have = (w.data_ptr(), w._version, packed, size)
             _packs[m] = have
     return have[2]
@@ -106,8 +86,8 @@ def _pack(m: torch.nn.Linear) -> torch.Tensor:
 
 @functools.cache
 def _packing_works() -> bool:
-    """Once per process, on a private layer: the packed product equals ``F.linear`` to float32
-    rounding at every row count the form serves (a layout packed for one row count serves all)."""
+    """Once per process, on a private layer: the packed product equals ``F.linear`` to float32 rounding at every
+    row count the form serves (a layout packed for one row count serves all)."""
     try:
         g = torch.Generator().manual_seed(0)
         w = torch.randn(48, 40, generator=g)
@@ -125,8 +105,8 @@ def _packing_works() -> bool:
 
 
 def packed_supported(modules: list[torch.nn.Linear]) -> bool:
-    """Whether the packed form can serve these layers at all: float32 CPU weights and a torch built
-    with MKL whose packed GEMM checks out (:func:`_packing_works`); memory aside."""
+    """Whether the packed form can serve these layers, memory aside: float32 CPU weights and a torch built with
+    MKL whose packed GEMM checks out."""
     if not modules or not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear"):
         return False
     if not _packing_works():
@@ -146,19 +126,15 @@ def pack_estimate(modules: list[torch.nn.Linear]) -> int:
 
 
 def packed_available(modules: list[torch.nn.Linear], limit_mib: int | None = None) -> bool:
-    """Whether the packed form can serve these layers (:func:`packed_supported`) with packs within
-    the limit (:func:`pack_limit`; ``limit_mib`` 0: never). Packs already made count at their
-    measured size; the default limit adds them back (they are no longer available memory), so
-    they are kept as memory fills."""
-    if limit_mib is not None and int(limit_mib) <= 0:
-        return False
-    if not packed_supported(modules):
+    """Whether the packed form can serve these layers with packs within the limit (``limit_mib`` 0: never)."""
+    if (limit_mib is not None and int(limit_mib) <= 0) or not packed_supported(modules):
         return False
     return pack_estimate(modules) <= _limit_for(modules, limit_mib)
 
 
 def _limit_for(modules, limit_mib: int | None) -> int:
-    # the default limit is a quarter of what is available, and packs already made are not available
+    # the default limit is a quarter of what is available, and packs already made are no longer available: they
+    # count at their measured size against the limit they are added back to, so they are kept as memory fills
     return pack_limit(limit_mib) + (packed_bytes(modules) if limit_mib is None else 0)
 
 
@@ -196,8 +172,7 @@ def available_memory() -> int:
 
 
 def prepack(modules: list[torch.nn.Linear], limit_mib: int | None = None) -> bool:
-    """Pack these layers' weights now (each is packed once; a weight changed in place, again).
-    False, with the packs dropped again, when what they measure exceeds the limit."""
+    """Pack these layers' weights now; False, with the packs dropped again, where they measure over the limit."""
     limit = _limit_for(modules, limit_mib)
     for m in modules:
         _pack(m)
@@ -215,29 +190,23 @@ def release_packs(modules: list[torch.nn.Linear]) -> None:
 
 
 def linears(model) -> list[torch.nn.Linear]:
-    """The model's plain ``nn.Linear`` modules that run their class's own ``forward``.
-
-    Subclasses (quantised layers) are left alone, and so is any module whose ``forward`` someone
-    other than :func:`rerouted` replaced on the instance: accelerate's hooks (offloading, device
-    maps) live there, and the reroute must neither replace nor remove them."""
-    return [
-        m for m in model.modules()
-        if type(m) is torch.nn.Linear and _own_forward(m) and not hasattr(m, "_hf_hook")
-    ]
+    """The model's plain ``nn.Linear`` modules that run their class's own ``forward``: not subclasses (quantised
+    layers), nor a module whose ``forward`` someone else replaced on the instance (accelerate's hooks live there,
+    and the reroute must neither replace nor remove them)."""
+    return [m for m in model.modules() if type(m) is torch.nn.Linear and _own_forward(m) and not hasattr(m, "_hf_hook")]
 
 
 def _own_forward(m: torch.nn.Module) -> bool:
-    """The layer runs its class's ``forward``, or this module's reroute (another thread's tree pass in
-    progress while a decoder is composed on the same model), not a forward someone else put there."""
+    """The layer runs its class's ``forward``, or this module's reroute (another thread's tree pass on the same
+    model), not a forward someone else put there."""
     f = m.__dict__.get("forward")
     return f is None or getattr(f, "__func__", None) is _tree_forward
 
 
 @contextmanager
 def rerouted(model, modules: list[torch.nn.Linear] | None = None, form: str = "skinny"):
-    """Within the block, this thread's linear layers run in ``form`` (one of :data:`FORMS`) on the
-    row counts it serves (:func:`serves`): ``"skinny"`` (``weight @ x.T``), ``"packed"`` (MKL's
-    GEMM on weights packed once) or ``"stream"`` (verifiers/stream.py)."""
+    """Within the block, this thread's linear layers run in ``form`` on the row counts it serves: ``"skinny"``
+    (``weight @ x.T``), ``"packed"`` (MKL's GEMM on weights packed once) or ``"stream"`` (verifiers/stream.py)."""
     if form not in FORMS:
         raise ValueError(f"linear form {form!r} is not one of {FORMS}")
     mods = linears(model) if modules is None else modules

@@ -1,33 +1,12 @@
-"""A linear layer for 1-64 rows that reads each weight once per pass: ``x @ W.T`` compiled by numba.
+"""A linear layer for 1-64 rows that reads each weight once per pass: ``x @ W.T`` compiled by numba (docs/speed.md,
+"Linear layers at the memory limit: the stream kernel"): numba's loop (:func:`_xwt`), or verifiers/stream_ir.py's
+block kernel where the CPU has AVX-512 (:func:`kernel_info` says which runs).
 
-Verification is memory-bound only while a pass over n rows costs what reading the weights costs;
-torch's float32 ``F.linear`` on a few rows does not get there (docs/speed.md). numba's loop
-kernel (:func:`_xwt`) walks the weight in blocks of twelve rows; each block is loaded once and
-multiplied with every input row from cache, two input rows at a time, 24 running sums held in
-registers (LLVM vectorises the inner loop), threads splitting the blocks. Where the CPU has
-AVX-512 the kernel is instead verifiers/stream_ir.py's: blocks of six weight rows against four
-input rows (one or two up to six rows), its vector loop written as LLVM IR so that it can
-prefetch the next block while it multiplies this one (:func:`kernel_info` says which runs;
-``$GOOSE_STREAM_KERNEL=loop`` keeps numba's loop).
-
-Properties the verifier relies on, for both kernels:
-
-- **The weights' own layout**: nothing is packed or copied; the only extra memory is the input
-  padded to the kernel's row multiple (:func:`padded_rows`) and the output.
-- **Row invariance**: every output element is computed by the same instruction sequence (a lone
-  row is padded or run by a job of one row with the same instructions; a weight's last rows that
-  fill no block go through one loop of their own), so a row's result depends neither on which
-  other rows share the pass nor on the thread count (each output element is summed by one
-  thread). tests/test_stream.py checks it bit for bit.
-- **Rounding**: the sums run in another order than MKL's, so a result differs from ``F.linear``'s
-  by float32 rounding, which can flip a greedy choice between two near-equal logits; ``goose
-  bench`` reports any divergence with its logit gap.
-
-numba compiles the kernel for the host CPU on first use and caches the machine code on disk (a
-wheel: no compiler at install time). Where numba is missing, or the weights are not float32 on
-the CPU, :func:`available` says so and the verifier keeps its other forms. numba's OpenMP
-threading layer, like torch's, is not fork-safe: a process forked after a stream pass should not
-run one.
+What the verifier relies on, for both kernels: the weights are read in their own layout (the only extra memory
+is the padded input and the output), and every output element is computed by the same instruction sequence, by
+one thread, so a row's result depends neither on the other rows of the pass nor on the thread count
+(tests/test_stream.py checks it bit for bit). The sums run in another order than MKL's: a near-tie may flip.
+numba's OpenMP threading layer is not fork-safe: a process forked after a stream pass should not run one.
 """
 
 from __future__ import annotations
@@ -42,16 +21,15 @@ import torch
 BLOCK = 2  # input rows per block; the input is padded to a multiple of it
 W_BLOCK = 12  # weight rows per block
 
-# numba's "workqueue" threading layer (the fallback where no OpenMP or TBB runtime loads) must
-# not be entered by two threads at once; the other layers may be.
+# numba's "workqueue" threading layer (where no OpenMP or TBB runtime loads) must not be entered by two threads at once
 _serial = threading.Lock()
 
 _prange = range  # numba.prange once the kernel is compiled (_kernel sets it before compiling)
 
 
 def _xwt(x, w, out):
-    # out[r, o] = sum_k x[r, k] * w[o, k]; x has an even number of rows. Each block of twelve
-    # weight rows is read once, against every pair of input rows in turn: 24 running sums.
+    # out[r, o] = sum_k x[r, k] * w[o, k]; x has an even number of rows. Each block of twelve weight rows is read
+    # once, against every pair of input rows in turn: 24 running sums, held in registers (hence written out).
     n, k_dim = x.shape
     o_dim = w.shape[0]
     zero = np.float32(0)
@@ -152,8 +130,7 @@ def _xwt(x, w, out):
 
 
 def _xwt_rest(x, w, out, start):
-    # the weight rows from ``start`` on (those that fill no block), one at a time, against every
-    # pair of input rows
+    # the weight rows from ``start`` on (those that fill no block), one at a time, against every pair of input rows
     n, k_dim = x.shape
     zero = np.float32(0)
     for o in range(start, w.shape[0]):
@@ -176,17 +153,10 @@ _width: dict = {}  # "bits": the vector width asked of LLVM (512, or None: numba
 
 
 def _wide_vectors(numba) -> None:
-    """Ask LLVM for 512-bit vectors in the numba code compiled from now on, where the CPU has AVX-512.
-
-    LLVM's tuning for some AVX-512 CPUs prefers 256-bit vectors, which halves the multiply-adds per
-    instruction of the kernel's inner loop, and from a few rows on the kernel is bound by them
-    (docs/speed.md, "Vector width"). The features numba passes to LLVM become the host's plus
-    ``-prefer-256-bit``; LLVM then uses 512-bit vectors where its cost model says they pay. numba
-    reads the features once per process, when it compiles its first function, so this applies to
-    numba code compiled later too (a tuning preference: results stay as exact), and does nothing
-    where numba has already compiled something, where ``NUMBA_CPU_FEATURES`` is set or where
-    ``$GOOSE_STREAM_WIDE`` is 0. :func:`vector_width` says which applied.
-    """
+    """Ask LLVM for 512-bit vectors in the numba code compiled from now on, where the CPU has AVX-512 (docs/speed.md,
+    "The vector width"). numba reads the features once per process, at its first compilation, so this applies to
+    all numba code compiled later (a tuning preference: results stay as exact); nothing where numba compiled before,
+    ``NUMBA_CPU_FEATURES`` is set or ``$GOOSE_STREAM_WIDE`` is 0."""
     import os
 
     from numba.core import codegen, config, registry
@@ -214,17 +184,13 @@ def vector_width() -> dict:
 
 # Set to "loop" to run numba's loop kernel where the IR block kernel would run (see _kernel).
 KERNEL_ENV = "GOOSE_STREAM_KERNEL"
-# "kernel": "blocks" or "loop", "rows": the input-row multiple it pads to, "few" (blocks only): up to this
-# many rows run in jobs of one or two rows, "why"
-_choice: dict = {}
+_choice: dict = {}  # the kernel compiled: see kernel_info
 
 
 @functools.cache
 def _kernel():
-    """``kernel(x, w, out, threads)`` computing ``out = x @ w.T`` (x's rows as :func:`padded_rows` gives
-    them; ``threads``: the runs of weight blocks the block kernel splits the weight into, one a thread),
-    or None where numba cannot be imported. Compiled on first call: verifiers/stream_ir.py's block
-    kernel where numba's target CPU has AVX-512, else (or with ``$GOOSE_STREAM_KERNEL=loop``) :func:`_xwt`."""
+    """``kernel(x, w, out, threads)`` computing ``out = x @ w.T`` (x's rows as :func:`padded_rows` gives them;
+    ``threads``: the block kernel's runs of weight blocks), or None without numba; compiled on first call."""
     import os
 
     global _prange
@@ -268,7 +234,8 @@ def _kernel():
         _choice.update(kernel="blocks", rows=stream_ir.X_ROWS, few=stream_ir.FEW_ROWS,
                        why="AVX-512: the IR block kernel")
         return kernel
-    _choice.update(kernel="loop", rows=BLOCK, why=f"${KERNEL_ENV}=loop" if asked == "loop" else "no AVX-512: numba's loop")
+    why = f"${KERNEL_ENV}=loop" if asked == "loop" else "no AVX-512: numba's loop"
+    _choice.update(kernel="loop", rows=BLOCK, why=why)
     loop = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False, nogil=True)(_xwt)
     return lambda x, w, out, threads: loop(x, w, out)
 
@@ -283,16 +250,14 @@ def _avx512(features: str | None = None) -> bool:
 
 
 def row_multiple() -> int:
-    """The multiple of input rows the kernel pads its input to (the block kernel: past six rows;
-    :func:`padded_rows`)."""
+    """The multiple of input rows the kernel pads its input to (the block kernel: past six rows)."""
     _kernel()
     return _choice.get("rows", BLOCK)
 
 
 def padded_rows(rows: int) -> int:
-    """The rows the kernel computes for ``rows`` input rows: the block kernel runs one row as it is,
-    up to six padded to an even count (jobs of one or two rows), more padded to its multiple of four;
-    numba's loop pads to a multiple of two."""
+    """The rows the kernel computes for ``rows`` input rows: the block kernel's one as it is, up to six padded to
+    an even count, more to a multiple of four; numba's loop's, to a multiple of two."""
     multiple = row_multiple()
     if rows <= _choice.get("few", 0):
         return rows if rows == 1 else rows + rows % 2
@@ -300,8 +265,8 @@ def padded_rows(rows: int) -> int:
 
 
 def kernel_info() -> dict:
-    """{"kernel": "blocks" or "loop", "rows": the row multiple, "few" (the block kernel: rows run in jobs of
-    one or two rows, up to this many), "why": str} (empty where numba is missing)."""
+    """{"kernel": "blocks" or "loop", "rows": the row multiple, "few" (blocks: up to this many rows run in jobs
+    of one or two), "why": str} (empty where numba is missing)."""
     _kernel()
     return dict(_choice)
 
@@ -321,11 +286,8 @@ def _threading():
 
 @contextmanager
 def torch_threads_kept():
-    """Within the block, whatever runs may change the process's torch thread count; it is set back after.
-
-    numba's OpenMP layer, when it launches its thread pool, sets the OpenMP thread count that torch
-    shares (``omp_set_num_threads`` to numba's own count): an application that pinned torch to one
-    thread would find two after its first stream pass."""
+    """Within the block, whatever runs may change torch's thread count; it is set back after (numba's OpenMP
+    layer, launching its pool, sets the OpenMP thread count that torch shares to numba's own)."""
     before = torch.get_num_threads()
     try:
         yield
@@ -359,10 +321,9 @@ def unavailable_reason(modules) -> str:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` on the CPU, by the streaming kernel.
-
-    The buffers are numpy arrays handed to torch without a copy: a pass makes several calls a layer,
-    and on small layers torch's allocation and view calls would cost more than the kernel's launch."""
+    """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` on the CPU, by the streaming kernel. The buffers are
+    numpy arrays handed to torch without a copy: on small layers torch's allocation and views cost more than
+    the kernel's launch."""
     rows, k_dim = x.shape
     if weight.shape[1] != k_dim:
         raise ValueError(f"input has {k_dim} features; the weight takes {weight.shape[1]}")
@@ -374,9 +335,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         xp = np.zeros((padded, k_dim), np.float32)
         xp[:rows] = xn
         xn = xp
-    wn = weight.detach().numpy()
-    if not wn.flags.c_contiguous:
-        wn = np.ascontiguousarray(wn)
+    wn = np.ascontiguousarray(weight.detach().numpy())  # no copy where it already is
     on = np.empty((xn.shape[0], wn.shape[0]), np.float32)
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     # numba's thread count is the calling thread's own setting: set for the call, then set back

@@ -1,18 +1,13 @@
-"""The stream kernel's inner loop written in LLVM IR, for CPUs with AVX-512 (verifiers/stream.py).
+"""The stream kernel's inner loop written in LLVM IR, for CPUs with AVX-512 (verifiers/stream.py, docs/speed.md).
 
-numba's loop (``stream._xwt``) leaves the vectorising to LLVM, and two things cannot be asked of it
-from Python: a prefetch inside the vectorised loop (LLVM then stops vectorising it), and which
-values stay in registers. Here one *job*, six weight rows against four input rows, is built as IR
-with explicit ``<16 x float>`` multiply-adds into 24 vector sums, and while it runs over the inner
-dimension it prefetches, line by line, some of the rows of the weight block its thread reads next,
-so that the read of a block overlaps, in part, the arithmetic on the one before
-(docs/speed.md, "Tree passes against transformers' step"). Up to six input rows run instead in
-jobs of six weight rows against one or two, each prefetching all of the next block: few rows
-padded to jobs of four spend work on rows that are not there (docs/speed.md).
+From Python, numba's loop cannot be given a prefetch inside the vectorised loop (LLVM then stops vectorising it),
+nor told which values stay in registers. Here one *job*, six weight rows against four input rows (one or two up
+to six rows), is IR with explicit ``<16 x float>`` multiply-adds into vector sums, prefetching the weight block its
+thread reads next so that the read overlaps the arithmetic on this one.
 
-The arithmetic of one output element does not depend on the job's neighbours, on the row count or
-on the thread count: sixteen lanes of fused multiply-adds over the inner dimension in steps of 16,
-a fixed tree of halving adds (16, 8, 4, 2, 1), then the last ``k % 16`` products added one at a time.
+The arithmetic of one output element does not depend on the job's neighbours, on the row count or on the thread
+count: sixteen lanes of fused multiply-adds over the inner dimension in steps of 16, a fixed tree of halving adds
+(16, 8, 4, 2, 1), then the last ``k % 16`` products added one at a time.
 """
 
 from __future__ import annotations
@@ -93,14 +88,17 @@ def _job_ir(context, builder, signature, args, x_rows, unrolled=0):
             for i in range(x_rows):
                 s = sums[j * x_rows + i]
                 builder.store(builder.call(fma, [wv, xs[i], builder.load(s)]), s)
+
+        def fetch(j):  # one cache line of row pf_row + j
+            line = builder.gep(wa.data, [builder.add(builder.mul(builder.add(pf_row_, j), k_dim), k)])
+            builder.call(prefetch, [builder.bitcast(line, _i8p), _i32(0), _i32(3), _i32(1)])
+
         if unrolled:
-            for j in range(unrolled):  # one cache line of each row to prefetch
-                line = builder.gep(wa.data, [builder.add(builder.mul(builder.add(pf_row_, _i64(j)), k_dim), k)])
-                builder.call(prefetch, [builder.bitcast(line, _i8p), _i32(0), _i32(3), _i32(1)])
+            for j in range(unrolled):
+                fetch(_i64(j))
         else:
-            with cgutils.for_range(builder, pf_rows_) as pf:  # one cache line of each row to prefetch
-                line = builder.gep(wa.data, [builder.add(builder.mul(builder.add(pf_row_, pf.index), k_dim), k)])
-                builder.call(prefetch, [builder.bitcast(line, _i8p), _i32(0), _i32(3), _i32(1)])
+            with cgutils.for_range(builder, pf_rows_) as pf:
+                fetch(pf.index)
     totals = []
     for s in sums:
         t = cgutils.alloca_once(builder, _f32)
@@ -125,9 +123,8 @@ _job2, _job1 = _make_job(2, W_ROWS), _make_job(1, W_ROWS)  # one job a block: it
 
 
 def _xwt_blocks(x, w, out, chunks):
-    # out[:, :o] = x @ w[:o].T (x's rows a multiple of four) for o the weight rows in whole blocks of
-    # six; each of `chunks` threads takes a run of blocks, and each job of four input rows on a block
-    # prefetches its share of the next block's rows
+    # out[:, :o] = x @ w[:o].T (x's rows a multiple of four) for o the weight rows in whole blocks of six; each of
+    # `chunks` threads takes a run of blocks, and each job of four input rows prefetches its share of the next block
     n = x.shape[0]
     blocks = w.shape[0] // 6
     jobs = n // 4
@@ -143,9 +140,8 @@ def _xwt_blocks(x, w, out, chunks):
 
 
 def _xwt_few(x, w, out, chunks):
-    # as _xwt_blocks for one input row or an even number up to FEW_ROWS: jobs of one or two rows, each
-    # job on a block prefetching all of the next block (the last block of a run prefetches itself: the
-    # prefetches are unrolled, so they cannot be skipped)
+    # as _xwt_blocks for one input row or an even number up to FEW_ROWS: jobs of one or two rows, each prefetching
+    # all of the next block (the last block of a run prefetches itself: unrolled prefetches cannot be skipped)
     n = x.shape[0]
     blocks = w.shape[0] // 6
     for c in numba.prange(chunks):
