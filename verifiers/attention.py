@@ -1,26 +1,15 @@
-"""Grouped-query attention without copying the cache, in tree passes on the CPU.
+"""Attention in tree passes: grouped key/value heads read in place, and the tree masks of sliding-window layers.
 
-A model whose query heads share key/value heads (grouped-query attention) runs transformers'
-``sdpa`` backend in one of two ways. With no mask, torch's ``scaled_dot_product_attention(...,
-enable_gqa=True)`` reads the shared heads as they are. With a mask, which every tree pass has,
-transformers first copies each layer's whole key and value cache ``num_key_value_groups`` times
-(``repeat_kv``), because on CUDA the masked GQA kernel would fall back to a slow one. On the CPU it
-does not, and the copy, which grows with the context, is pure cost (one-token passes have no mask
-and no copy). The output is the same to the bit (tests/test_kernels.py compares logits).
+With a mask, as in every tree pass, transformers' ``sdpa`` copies each layer's key/value cache once per query
+group (``repeat_kv``: the masked GQA kernel is slow on CUDA, not on the CPU). While a tree pass runs (any thread),
+the ``sdpa`` entry of transformers' attention mapping is :func:`_gqa_sdpa`, which calls torch's kernel with
+``enable_gqa=True`` inside the calling thread's own tree passes on the CPU, the same logits to the bit
+(tests/test_kernels.py), and passes every other call (other threads, devices, one-token steps) to the function it
+stands in for, unchanged. The mapping is patched because a model's attention is picked by the name in its config,
+which every thread shares.
 
-:func:`tree_pass` marks the calling thread's tree pass. transformers picks a model's attention
-function by the name in its config, so a tree pass cannot name a function of its own without
-changing the model every thread shares; the ``sdpa`` entry of transformers' ``AttentionInterface``
-mapping is therefore Goose's function only while at least one tree pass of Goose's runs, in any
-thread. Inside a marked pass of the calling thread, on the CPU with a mask and shared heads, it
-calls torch's kernel with ``enable_gqa=True``; every other call (other threads, other devices,
-one-token steps) goes to the function it stands in for, unchanged, so what they compute is what
-they compute alone, to the bit.
-
-The second part of this module says which tree mask each attention layer of a model with
-sliding-window layers gets (:func:`window_plan`, :func:`sliding_tree_mask`): Gemma-3 and the like
-are verified exactly at any length, each sliding layer's tree nodes seeing only the keys within
-the window of their own positions.
+:func:`window_plan` and :func:`sliding_tree_mask` give each sliding layer (Gemma-3 and the like) a tree mask that
+keeps each node's own window, so such models are verified exactly at any length.
 """
 
 from __future__ import annotations
@@ -58,7 +47,8 @@ def _gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
             enable_gqa=True,
         )
         return out.transpose(1, 2).contiguous(), None
-    return inner(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    return inner(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                 **kwargs)
 
 
 def _mapping():
@@ -77,10 +67,8 @@ def available() -> bool:
 
 @contextmanager
 def tree_pass():
-    """Within the block, this thread's masked sdpa calls on the CPU read shared key/value heads in place.
-
-    The first tree pass to begin (in any thread) puts the function in transformers' mapping under
-    ``sdpa``; the last to end puts back what was there (unless someone replaced it meanwhile)."""
+    """Within the block, this thread's masked sdpa calls on the CPU read shared key/value heads in place. The
+    first tree pass to begin (any thread) installs the function; the last to end puts back what was there."""
     _local.depth = getattr(_local, "depth", 0) + 1
     if _local.depth == 1:
         with _lock:
@@ -101,9 +89,9 @@ def tree_pass():
 
 
 def _restore(mapping, inner) -> None:
-    """Put ``inner`` back under ``sdpa`` as it was: transformers' own entry (its global mapping) is left
-    to answer again rather than copied into the instance's mapping, where it would hide a later
-    ``AttentionInterface.register``. An entry someone else put there meanwhile stays."""
+    """Put ``inner`` back under ``sdpa``: transformers' own (global) entry is left to answer again rather than
+    copied into the instance's mapping, where it would hide a later ``AttentionInterface.register``. An entry
+    someone else put there meanwhile stays."""
     if mapping["sdpa"] is not _gqa_sdpa:
         return
     del mapping["sdpa"]  # the instance's entry: ours
@@ -115,32 +103,21 @@ def _restore(mapping, inner) -> None:
     mapping["sdpa"] = inner  # what stood there was an instance entry of its own
 
 
-# ---------------------------------------------------------------------------------------------
-# Sliding-window layers: which tree mask each layer gets
-#
-# transformers' sliding window (masking_utils.sliding_window_overlay): the query at position q
-# sees the keys at positions kv with q - window < kv <= q, the last ``window`` positions, itself
-# included. A tree node at depth d sits at position past + d; its keys are the cached prefix and
-# its ancestors (positions past + depth). Its sliding-layer mask keeps, of those, the ones within
-# the window of its own position. The sliding cache layer holds only the last ``window - 1``
-# committed positions (``Cache.get_mask_sizes`` says how many, and from which position), so the
-# sliding mask is narrower than the full-attention one: ``[1, 1, n, held + n]``.
+# Sliding-window layers. transformers' window (masking_utils.sliding_window_overlay): the query at position q sees
+# the keys at q - window < kv <= q. A tree node at depth d sits at past + d and sees, of the cached prefix and its
+# ancestors, those within that window. The sliding cache layer holds only the last ``window - 1`` committed
+# positions (``Cache.get_mask_sizes``), so its mask is ``[1, 1, n, held + n]``.
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """How a tree pass masks a model's attention layers.
-
-    ``mode``: "full" (no sliding-window layer: one tree mask for every layer); "dict" (the model
-    takes ``attention_mask`` as a dict keyed by layer type, as Gemma-2/3, Qwen2 and Cohere-2 do:
-    a full tree mask for ``full_attention`` layers and a windowed one for ``sliding_attention``
-    layers); "single" (every layer is a sliding layer with one window and the model builds its
-    masks with transformers' ``create_sliding_window_causal_mask``, as Mistral, Mixtral, Phi-3 and
-    Starcoder2 do: one windowed tree mask for all); "refuse" (the window cannot be masked exactly
-    in a tree pass: ``why`` says what is missing; the verifier then serves it only while prompt +
-    new tokens + tree fit in the window, where the plain tree mask is exact).
+    """How a tree pass masks a model's attention layers. ``mode``: "full" (no sliding layer: one tree mask);
+    "dict" (``attention_mask`` a dict keyed by layer type, as Gemma-2/3, Qwen2, Cohere-2: full and windowed
+    masks); "single" (all layers sliding with one window, masks from ``create_sliding_window_causal_mask``, as
+    Mistral, Phi-3: one windowed mask); "refuse" (not maskable exactly, ``why``: served only while prompt + new
+    tokens + tree fit in the window, where the plain tree mask is exact).
     """
 
     mode: str
@@ -152,15 +129,11 @@ class WindowPlan:
 
 def _decoder_source(model) -> str:
     """The source of the module that builds the attention masks (the decoder's forward)."""
-    base = None
     try:
         base = model.get_decoder()
     except (AttributeError, NotImplementedError, TypeError):
-        pass
-    if base is None:
-        base = getattr(model, "model", None)
-    if base is None:
-        base = model
+        base = None
+    base = next((m for m in (base, getattr(model, "model", None)) if m is not None), model)
     try:
         return inspect.getsource(type(base).forward)
     except (OSError, TypeError):
@@ -168,8 +141,7 @@ def _decoder_source(model) -> str:
 
 
 def window_plan(model, text_cfg) -> WindowPlan:
-    """The :class:`WindowPlan` of ``model`` (its config's layer types, its cache's layers, and
-    whether its forward takes one mask per layer type)."""
+    """The :class:`WindowPlan` of ``model``, from its config's layer types, its cache's layers and its forward."""
     layer_types = tuple(str(t) for t in (getattr(text_cfg, "layer_types", None) or ()))
     sliding = getattr(text_cfg, "sliding_window", None)
     if layer_types:
@@ -194,7 +166,8 @@ def window_plan(model, text_cfg) -> WindowPlan:
     if not layers or not hasattr(probe, "activate_past_recording") or not hasattr(probe, "get_mask_sizes"):
         return refuse("this transformers' DynamicCache has no per-layer sliding cache that can roll back")
     is_sliding = [type(layer) is DynamicSlidingWindowLayer for layer in layers]
-    odd = sorted({type(layer).__name__ for layer in layers} - {DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__})
+    known = {DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__}
+    odd = sorted({type(layer).__name__ for layer in layers} - known)
     if odd:
         return refuse(f"its cache has layers of type {', '.join(odd)}, whose roll-back Goose does not know")
     windows = {int(layer.sliding_window) for layer, s in zip(layers, is_sliding) if s}
@@ -217,10 +190,9 @@ def window_plan(model, text_cfg) -> WindowPlan:
 
 
 def sliding_tree_mask(tree, past: int, window: int, held: int, dtype=torch.float32, device=None) -> torch.Tensor:
-    """``[1, 1, n, held + n]`` additive mask of a tree pass on a sliding layer that holds the ``held``
-    committed positions before ``past`` (``past - held`` .. ``past - 1``): node i, at position
-    ``past + depth_i``, sees a cached position or an ancestor (itself included) at position k iff
-    ``k > past + depth_i - window``, transformers' sliding-window rule."""
+    """``[1, 1, n, held + n]`` additive mask of a tree pass on a sliding layer holding the ``held`` positions before
+    ``past``: node i (at ``past + depth_i``) sees a cached position or an ancestor (itself included) at k iff
+    ``k > past + depth_i - window``."""
     d = torch.tensor(tree.depths, dtype=torch.long)
     q = past + d
     cached = torch.arange(past - held, past, dtype=torch.long)

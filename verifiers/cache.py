@@ -1,17 +1,9 @@
-"""A key/value cache layer that appends in place: transformers' ``DynamicLayer`` with headroom.
+"""The key/value cache of tree passes (docs/speed.md, "Tree passes: attention and the cache").
 
-``DynamicLayer.update`` appends a step's keys and values with ``torch.cat``, which copies the
-layer's whole cache on every forward, a cost that grows with the context. :class:`HeadroomLayer`
-keeps each layer's keys and values in a buffer with room to grow (:data:`MIN_ROOM` positions or
-1/:data:`GROWTH` more, whichever is larger, reallocated when full: a long prompt's cache is not
-doubled) and writes a step's rows into it; ``keys`` and ``values`` are views of the filled part,
-so everything that reads the cache (the model's attention, Goose's commit, which gathers accepted
-rows through ``keys`` / ``values``, and ``crop``) sees what it saw before. Attention reads the
-same values through a strided view, and its output is unchanged to the bit
-(``tests/test_kernels.py`` compares every logit of tree passes with and without headroom).
-
-:func:`with_headroom` swaps the plain dynamic layers of a fresh ``DynamicCache`` for these; a
-sliding-window or any other layer class is left as it is.
+:class:`HeadroomLayer` appends in place where ``DynamicLayer.update`` copies the whole layer with ``torch.cat``;
+``keys`` and ``values`` are views of the filled part of a buffer with room to grow, so whatever reads the cache
+(attention, the commit's gather, ``crop``) sees the same values, and the logits are unchanged to the bit
+(tests/test_kernels.py). Sliding-window layers keep a pass's rows until the commit's crop (below).
 """
 
 from __future__ import annotations
@@ -33,10 +25,8 @@ class HeadroomLayer(DynamicLayer):
 
     def _grow(self, need: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         cap = need + max(MIN_ROOM, need // GROWTH)
-        b, h, _, dk = key_states.shape
-        dv = value_states.shape[-1]
-        kb = torch.empty((b, h, cap, dk), dtype=key_states.dtype, device=key_states.device)
-        vb = torch.empty((b, h, cap, dv), dtype=value_states.dtype, device=value_states.device)
+        kb = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
+        vb = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
         if self._len:
             kb[:, :, : self._len] = self.keys
             vb[:, :, : self._len] = self.values
@@ -102,8 +92,7 @@ class HeadroomLayer(DynamicLayer):
 
 
 def with_headroom(cache):
-    """``cache`` with each plain ``DynamicLayer`` (exactly that class, still empty) replaced by a
-    :class:`HeadroomLayer`; returns the cache."""
+    """``cache`` with each plain, still empty ``DynamicLayer`` replaced by a :class:`HeadroomLayer`."""
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, list):
         return cache
@@ -113,18 +102,11 @@ def with_headroom(cache):
     return cache
 
 
-# ---------------------------------------------------------------------------------------------
-# Sliding-window layers (transformers' DynamicSlidingWindowLayer, e.g. Gemma-3's local layers)
-#
-# Such a layer holds the last ``window - 1`` positions. By default its ``update`` drops the oldest
-# rows as soon as a forward appends new ones, so the rows a rejected tree pushed out would be lost,
-# and its ``crop`` refuses to roll back once the window is full. ``Cache.activate_past_recording()``
-# (public; transformers' assisted decoding calls it) makes ``update`` keep every row until the next
-# ``crop``, and ``crop(-k)`` then drops the k trailing rows and keeps the last ``window - 1`` of the
-# rest: after the commit the layer holds exactly the rows, and counts exactly the positions, that
-# one-token-at-a-time decoding would have left. Beyond those public methods and ``get_mask_sizes``,
-# Goose reads only each layer's ``keys`` / ``values`` and their length (:func:`pass_rows_start`);
-# tests/test_sliding_window.py checks the behaviour this relies on.
+# Sliding-window layers (transformers' DynamicSlidingWindowLayer) hold the last ``window - 1`` positions and by
+# default drop the oldest rows as soon as a forward appends, losing what a rejected tree pushed out.
+# ``Cache.activate_past_recording()`` (public; assisted decoding uses it) keeps every row until the next ``crop``,
+# and ``crop(-k)`` then drops the k trailing rows and keeps the last ``window - 1`` of the rest: exactly what
+# one-token decoding would have left. tests/test_sliding_window.py checks the behaviour this relies on.
 
 
 def has_sliding_layers(cache) -> bool:
@@ -138,7 +120,6 @@ def keep_rows_for_rollback(cache) -> None:
 
 
 def pass_rows_start(layer, num_rows: int) -> int:
-    """Where the rows of the last forward (``num_rows`` of them) begin in ``layer.keys``: after the
-    ``past`` committed positions in a full layer, after the (at most ``window - 1``) held ones in a
-    sliding layer that keeps rows for roll-back."""
+    """Where the last forward's ``num_rows`` rows begin in ``layer.keys``: after the committed positions it holds
+    (all of them in a full layer, at most ``window - 1`` in a sliding one)."""
     return int(layer.keys.shape[-2]) - num_rows

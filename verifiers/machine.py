@@ -15,8 +15,8 @@ from functools import lru_cache
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 # Environment variables that limit the instruction sets torch, oneDNN and MKL use, and those that decide the
 # stream kernel's vector width (numba's target CPU and features, GOOSE_STREAM_WIDE / GOOSE_STREAM_KERNEL).
-ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
-           "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "GOOSE_STREAM_WIDE", "GOOSE_STREAM_KERNEL")
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+           "MKL_DEBUG_CPU_TYPE", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "GOOSE_STREAM_WIDE", "GOOSE_STREAM_KERNEL")
 
 
 @lru_cache(maxsize=1)
@@ -53,8 +53,8 @@ def kernels() -> dict:
 def describe() -> str:
     """One line: model, cores, extensions (e.g. "Intel(R) Xeon(R) Processor, 2 cores, AVX2 AVX-512 AMX")."""
     c = cpu()
-    fl = set(c["flags"])
-    ext = [n for n, k in (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AVX512-BF16", "avx512_bf16"), ("AMX", "amx_bf16")) if k in fl]
+    names = (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AVX512-BF16", "avx512_bf16"), ("AMX", "amx_bf16"))
+    ext = [n for n, k in names if k in c["flags"]]
     line = f"{c['model']}, {c['cores']} cores, {' '.join(ext) or 'no AVX2'}"
     env = kernels()["env"]
     if env:
