@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 
@@ -87,19 +86,16 @@ def draw_tree(tree, path, file: Path, title: str = "") -> None:
     n = tree.num_nodes
     y = [0.0] * n
     leaf_row = [0]
-
-    def place(i):
-        ch = tree.children[i]
-        if not ch:
+    stack = [0]  # leaves get rows in depth-first order, without recursion (a chain may be thousands deep)
+    while stack:
+        i = stack.pop()
+        if not tree.children[i]:
             y[i] = leaf_row[0]
             leaf_row[0] += 1
-            return
-        for c in ch:
-            place(c)
-        y[i] = sum(y[c] for c in ch) / len(ch)
-
-    sys.setrecursionlimit(max(1000, 4 * n))
-    place(0)
+        stack.extend(reversed(tree.children[i]))
+    for i in range(n - 1, -1, -1):  # a parent's index is below its children's: children are placed first
+        if tree.children[i]:
+            y[i] = sum(y[c] for c in tree.children[i]) / len(tree.children[i])
     acc = set(path)
     fig, ax = plt.subplots(figsize=(min(16, 3 + 0.4 * max(tree.depths)), min(12, max(3.5, 1 + 0.18 * leaf_row[0]))))
     for i in range(1, n):
