@@ -500,3 +500,18 @@ def test_the_verifier_alone_is_reported_beside_drafting():
     assert line.startswith("Verifier alone (greedy: Goose's plain steps, no drafts): 1.50x transformers' greedy, pooled (1.40x median)")
     assert "spine-fit 2.00x" in line and "ar " not in line.split("Drafting")[1]
     assert bench.verifier_line([r for r in rows if r["method"] != "greedy"]) is None
+
+
+def test_a_deep_tree_plot_leaves_the_recursion_limit_alone(tmp_path):
+    """A guest in the user's process: drawing a chain thousands deep neither recurses nor raises the limit."""
+    import sys
+
+    from goose.tools import plots
+
+    if plots._plt() is None:
+        pytest.skip("matplotlib is not installed")
+    n = 3 * sys.getrecursionlimit()
+    limit = sys.getrecursionlimit()
+    chain = goose.DraftTree.build(list(range(n)), [-1, *range(n - 1)], ["root"] + ["lead"] * (n - 1))
+    plots.draw_tree(chain, [0, 1, 2], tmp_path / "chain.png")
+    assert sys.getrecursionlimit() == limit and (tmp_path / "chain.png").stat().st_size > 0
