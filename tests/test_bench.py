@@ -508,8 +508,7 @@ def test_a_deep_tree_plot_leaves_the_recursion_limit_alone(tmp_path):
 
     from goose.tools import plots
 
-    if plots._plt() is None:
-        pytest.skip("matplotlib is not installed")
+    pytest.importorskip("matplotlib")
     n = 3 * sys.getrecursionlimit()
     limit = sys.getrecursionlimit()
     chain = goose.DraftTree.build(list(range(n)), [-1, *range(n - 1)], ["root"] + ["lead"] * (n - 1))
