@@ -271,7 +271,8 @@ class _Drafts:
     checks in ``invalid`` and any change to ``state.tokens`` during ``propose`` in ``mutated``."""
 
     def __init__(self, sources, vocab_size: int):
-        self.vocab_size, self.proposals, self.invalid, self.mutated = vocab_size, 0, [], []
+        self.vocab_size = vocab_size
+        self.proposals, self.invalid, self.mutated = 0, [], []
         self.clear()
         for src in sources:
             src.propose = functools.partial(self._propose, src, src.propose)
@@ -389,8 +390,7 @@ class _GenerationsKit(_ToyKit):
 class SourceLosslessnessKit(_GenerationsKit):
     """The checks a draft source must pass, as a pytest base class: subclass it in your plugin's tests and
     implement :meth:`make_source`. Each check runs the source on the exact toy model under :attr:`policy` (a
-    successor source needs a tree policy such as "spine"). docs/plugins.md lists the tests and the attributes.
-    """
+    successor source needs a tree policy such as "spine"). docs/plugins.md lists the tests and the attributes."""
 
     policy = "proposal"
     policy_options: dict | None = None
@@ -480,8 +480,7 @@ class PolicyLosslessnessKit(_GenerationsKit):
     """The checks a tree policy must pass, as a pytest base class: subclass it in your plugin's tests and implement
     :meth:`make_policy`. Every check composes the policy on the exact toy model with a drawn mix of the kit's
     sources (:func:`_kit_sources`), and :func:`_policy_spy` checks every tree ``shape`` returns. docs/plugins.md
-    lists the tests and the attributes.
-    """
+    lists the tests and the attributes."""
 
     policy_options: dict | None = None
     source_kinds: tuple = ("chain", "tree", "successors")
