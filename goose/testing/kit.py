@@ -20,10 +20,10 @@ from goose.testing.toy import MOD, ToyCausalLM, _hash, _weight, reference_greedy
 from goose.tree import DraftTree
 
 try:  # hypothesis is a test dependency, not a runtime one
-    from hypothesis import given, settings
+    from hypothesis import example, given, settings
     from hypothesis import strategies as st
 except ImportError:  # pragma: no cover
-    given = settings = st = None
+    example = given = settings = st = None
 
 
 def random_tree_nodes(rng: random.Random, max_nodes: int, vocab_size: int, oracle: Callable[[list[int]], int],

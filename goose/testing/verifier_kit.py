@@ -13,7 +13,7 @@ import torch
 import goose
 from goose.interfaces import DraftSource, Options, Verified, Verifier
 from goose.manager import build_component
-from goose.testing.kit import ArbitraryTreeSource, _proposal_paths, _ToyKit, given, settings, st
+from goose.testing.kit import ArbitraryTreeSource, _proposal_paths, _ToyKit, example, given, settings, st
 from goose.testing.toy import ToySplitLM, reference_logits, reference_next
 from goose.tree import DraftTree
 from goose.verifiers import latency
