@@ -73,11 +73,10 @@ def _eos_ids(model, tokenizer) -> list[int]:
     """The eos ids of the model's generation config, else its config, else the tokenizer's."""
     ids: list[int] = []
     for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        e = getattr(cfg, "eos_token_id", None) if cfg is not None else None
-        if e is None:
-            continue
-        ids.extend([e] if isinstance(e, int) else list(e))
-        break
-    if not ids and tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        e = getattr(cfg, "eos_token_id", None)
+        if e is not None:
+            ids = [e] if isinstance(e, int) else list(e)
+            break
+    if not ids and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(tokenizer.eos_token_id)
     return ids

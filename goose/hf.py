@@ -82,19 +82,13 @@ def _saved_tokenizer(model, stop_strings):
 def _generate_locals() -> dict | None:
     """The ``streamer`` and ``assistant_model`` of the ``GenerationMixin.generate`` call that called
     :func:`hf_generate`, or None where that frame is not found."""
-    frame = inspect.currentframe()
-    try:
-        f = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
-        for _ in range(4):  # generate's own body, under its decorators
-            if f is None:
-                return None
-            if f.f_code.co_name == "generate" and "generation_mode_kwargs" in f.f_locals:
-                loc = f.f_locals
-                return {"streamer": loc.get("streamer"), "assistant_model": loc.get("assistant_model")}
-            f = f.f_back
-        return None
-    finally:
-        del frame
+    f = inspect.currentframe()
+    for _ in range(5):  # hf_generate, then generate's own body under its decorators
+        f = f.f_back if f is not None else None  # off this frame at once: no reference cycle
+        if f is not None and f.f_code.co_name == "generate" and "generation_mode_kwargs" in f.f_locals:
+            loc = f.f_locals
+            return {"streamer": loc.get("streamer"), "assistant_model": loc.get("assistant_model")}
+    return None
 
 
 def _refuse(generation_config, input_ids, model_kwargs, assistant) -> None:
