@@ -622,8 +622,9 @@ class Verifier(_Component):
         return time.perf_counter() - t0
 
     def forms_kept(self, forms: frozenset[str]) -> None:
-        """After a calibration: the forms it found fastest at some size; the verifier may free what the others
-        hold (packed weights, buffers)."""
+        """After a calibration of this verifier: the forms it found fastest at some size. The verifier may free
+        what the others hold (packed weights, buffers), and should read its curve anew before its next pass:
+        a calibration on first use runs through the verifier's own prefill, before any curve exists."""
 
 
 def text_config(config):

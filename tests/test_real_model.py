@@ -18,7 +18,7 @@ REQUIRE = os.environ.get("GOOSE_REQUIRE_MODELS", "") == "1"
 MAX_NEW = int(os.environ.get("GOOSE_REAL_MAX_NEW", "64"))
 
 CONFIGS = {
-    "greedy": {"sources": [], "policy": "greedy"},
+    "greedy": {"sources": [], "policy": "none"},
     "pld": {"sources": ["pld"], "policy": "chain"},
     "tr-tree": {"sources": ["tr"], "policy": "tr-tree"},
     "iso3": {"sources": ["pld", "tr"], "policy": "iso3"},
@@ -86,3 +86,24 @@ def test_str_prompt_and_text(smol):
     out = goose.compose(model, tok, sources=["pld"]).generate("def fib(n):", max_new_tokens=16)
     assert len(out.token_ids) == 16 and out.text == tok.decode(out.token_ids, skip_special_tokens=True)
     assert out.stats.tau >= 1.0
+
+
+@pytest.mark.real_model
+def test_spine_fit_calibrated_at_compose_runs_the_forms_it_measured(smol, references, tmp_path, monkeypatch):
+    """With no curve cached, spine-fit measures one at compose through the verifier it then decodes with (the
+    calibration's prefill comes before any curve): that verifier runs each size in the curve's form."""
+    import goose.verifiers.latency as latency
+    from goose.verifiers import skinny
+
+    monkeypatch.setattr(latency, "cache_dir", lambda: tmp_path)  # a machine that has calibrated nothing
+    model, tok = smol
+    dec = goose.compose(model, tok, **CONFIGS["spine-fit"])
+    curve = latency.cached_curve(model, dec.verifier)
+    assert curve is not None, "spine-fit measured no curve at compose"
+    if not curve.forms:
+        pytest.skip("the measured curve runs every size stock on this machine: no form to check")
+    (ds, pid), (ids, ref) = next(iter(references.items()))
+    out = dec.generate(ids[0], max_new_tokens=MAX_NEW)
+    want = {str(n): f for f, sizes in curve.forms for n in sizes if n <= skinny.MAX_ROWS}
+    assert out.stats.extra["verifier"]["linear"]["forms"] == want
+    assert out.token_ids == ref, f"{ds}/{pid}"

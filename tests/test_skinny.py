@@ -110,6 +110,24 @@ def test_auto_uses_the_calibrated_sizes():
     assert vstats["linear"]["forms"] == {} and "skinny_passes" not in vstats
 
 
+def test_a_verifier_calibrated_after_its_first_prefill_runs_the_new_curve():
+    """A verifier calibrated on first use met its first prefill (the calibration's own) before any curve existed:
+    once the calibration says which forms it kept, the next generation runs the curve's forms."""
+    from goose.verifiers import latency
+
+    model = get("llama")
+    prompt = [5, 17, 33, 5, 17, 33, 5, 17, 60, 2, 5, 17]
+    dec = goose.compose(model, None, sources=[_Threes()], policy="chain", budget=8)
+    first = dec.generate(prompt, max_new_tokens=12)  # no curve cached yet: stock at every size
+    assert first.stats.extra["verifier"]["linear"]["forms"] == {}
+    curve = latency.LatencyCurve((1, 2, 4), (1.0, 1.0, 1.0), forms=(("skinny", (4,)),))
+    with cached(model, dec.verifier, curve):
+        dec.verifier.forms_kept(frozenset({"skinny"}))
+        out = dec.generate(prompt, max_new_tokens=12)
+    assert out.token_ids == hf_greedy(model, prompt, 12)
+    assert out.stats.extra["verifier"]["linear"]["forms"] == {"4": "skinny"}
+
+
 def test_calibration_times_both_forms():
     from goose.verifiers.latency import measure
 

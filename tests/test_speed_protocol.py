@@ -99,6 +99,25 @@ def test_a_verifier_with_forms_of_its_own_is_timed_in_them_where_they_serve(cach
     assert out.token_ids == reference_greedy(PROMPT, 30, V)
 
 
+class Narrow(Halves):
+    """``half`` serves passes of 2 to 4 nodes only: fewer than the calibration's warm-up compares forms at."""
+
+    name = "narrow"
+
+    def form_serves(self, form, rows):
+        return form == "half" and 2 <= rows <= 4
+
+
+def test_a_form_is_never_timed_at_a_size_it_does_not_serve(cache):
+    model = ToySplitLM(V)
+    v = Narrow()
+    dec = goose.compose(model, None, sources=["pld", "tr"], policy="spine-fit", verifier=v, budget=16)
+    halves = sorted({n for n, f in v.timed if f == "half"})
+    assert halves and set(halves) <= {2, 3, 4}, halves  # the warm-up and the walk alike
+    assert set(dec.policy.curve.sizes_in("half")) <= {2, 3, 4}
+    assert dec.generate(PROMPT, max_new_tokens=20).token_ids == reference_greedy(PROMPT, 20, V)
+
+
 class Plain(Wrapping):
     """A wrapping verifier without the speed protocol: greedy only, counting its verify calls."""
 

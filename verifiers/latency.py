@@ -265,6 +265,8 @@ class _Walk:
         if mid >= 2:
             mids: dict[str | None, float] = {None: stock_mid}
             for f in self.forms:
+                if not self.serves(f, mid):  # compared only where it serves; kept for the sizes it does
+                    continue
                 self.once(mid, f)  # untimed: a form's first pass (packing the weights, loading compiled code)
                 mids[f] = self.once(mid, f)
             best = min(mids.values())

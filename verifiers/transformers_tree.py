@@ -223,6 +223,7 @@ class TransformersVerifier(Verifier):
     def forms_kept(self, forms: frozenset[str]) -> None:
         if "packed" not in forms:  # memory no pass will read
             skinny.release_packs(self._linears)
+        self._forms = None  # the next prefill reads the new curve: the calibration's own prefills found none
 
     def time_pass(self, tree: DraftTree, form: str | None = None) -> float:
         """One forward of ``tree`` (a chain) in ``form``, its rows then cropped: the next pass is timed over
