@@ -64,7 +64,7 @@ class Stats:
         a = self.accept_lengths
         return (sum(a) / len(a) + 1.0) if a else 0.0
 
-    per_origin: dict = field(default_factory=dict)  # {origin (spine, branch, ...): {"drafted", "accepted"}}
+    per_origin: dict = field(default_factory=dict)  # {origin (lead, side, branch, ...): {"drafted", "accepted"}}
 
     def acceptance(self, source: str) -> float:
         """Accepted / drafted of a source (or, failing that, of an origin such as ``"lead"``)."""
