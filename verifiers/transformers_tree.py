@@ -117,6 +117,9 @@ class TransformersVerifier(Verifier):
                 "they are available and measured faster, or raise pack_limit_mib.")
         self._forms: dict[int, str] | None = None  # tree size -> form, resolved at the first prefill
         self._head_curve = None  # the cached curve whose head timings size the deferred prefill rows
+        self._defer_failed = False  # a recomputed deferred row differed: rows are computed in the prefill from then on
+        self.deferred_prefill = None
+        self.timers: dict = {}
         # transformers' causal LMs compute the LM head for the last k positions only when told
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         p = latency.first_param(model)
@@ -307,7 +310,7 @@ class TransformersVerifier(Verifier):
     def _head_parts(self):
         """(decoder module, LM head, final logit soft-cap) when the head can be applied to the decoder's output
         apart from the forward; None otherwise, or once a deferred row failed its check on this model."""
-        if getattr(self, "_defer_failed", False):
+        if self._defer_failed:
             return None
         m = self.model
         try:
@@ -324,7 +327,7 @@ class TransformersVerifier(Verifier):
         """The prefill's deferred logit rows (the last ``keep`` prompt positions), computed now; None when none
         are pending, or when the recomputed last row differs from the prefill's own (the head is more than
         ``get_output_embeddings``, e.g. a logit scale: rows are computed in the prefill from then on)."""
-        pending, self.deferred_prefill = getattr(self, "deferred_prefill", None), None
+        pending, self.deferred_prefill = self.deferred_prefill, None
         if pending is None:
             return None
         tokens, prev, hidden, last = pending
@@ -434,7 +437,7 @@ class TransformersVerifier(Verifier):
 
     def stats(self) -> dict:
         """Seconds spent per part of verification in the last generation."""
-        return {**getattr(self, "timers", {}), "linear": self._linear_info()}
+        return {**self.timers, "linear": self._linear_info()}
 
 
 @contextlib.contextmanager
